@@ -1,0 +1,46 @@
+"""Logging for the app: a rotating file under the log dir, stderr, and Qt's own messages."""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+
+from app.paths import log_file
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+qt_log = logging.getLogger("qt")
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    root = logging.getLogger()
+    if getattr(root, "_mtpchat_configured", False):
+        return
+    root.setLevel(logging.DEBUG)
+    fh = logging.handlers.RotatingFileHandler(
+        log_file(), maxBytes=2_000_000, backupCount=3, encoding="utf-8")
+    fh.setLevel(logging.DEBUG)
+    fh.setFormatter(logging.Formatter(_FORMAT))
+    sh = logging.StreamHandler(sys.stderr)
+    sh.setLevel(level)
+    sh.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(fh)
+    root.addHandler(sh)
+    root._mtpchat_configured = True  # type: ignore[attr-defined]
+
+
+def install_qt_message_handler() -> None:
+    """Route qDebug/qWarning/... into Python logging."""
+    from PySide6.QtCore import QtMsgType, qInstallMessageHandler
+
+    levels = {
+        QtMsgType.QtDebugMsg: logging.DEBUG,
+        QtMsgType.QtInfoMsg: logging.INFO,
+        QtMsgType.QtWarningMsg: logging.WARNING,
+        QtMsgType.QtCriticalMsg: logging.ERROR,
+        QtMsgType.QtFatalMsg: logging.CRITICAL,
+    }
+
+    def handler(mode, context, message):  # noqa: ANN001
+        qt_log.log(levels.get(mode, logging.WARNING), "%s", message)
+
+    qInstallMessageHandler(handler)
