@@ -1,0 +1,394 @@
+"""Running aggregates over decode events, cheap enough to keep on all the time.
+
+``StatsAggregator`` is fed the engine's own per-cycle measurements (``CycleStats``,
+``PrefillStats``) and never touches the model: no MLX evaluation, no host sync. Rates are
+computed from the cycles' own ``t_total`` (decode time), so they stay right even when the
+events reach the aggregator late (e.g. queued across threads). The injected ``clock`` only
+decides what falls inside the time window and when memory is sampled.
+
+Not thread-safe: feed it and read it from one thread (the dashboard's GUI thread, or the
+engine's CLI loop).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.types import CycleStats, PrefillStats
+
+log = logging.getLogger(__name__)
+
+INSTANT_SECONDS = 1.0  # "instant" tok/s covers at least this much decode time...
+INSTANT_MAX_CYCLES = 64  # ...or at most this many recent cycles
+RECENT_CYCLES = 32  # the time split ("waterfall") averages this many recent cycles
+SMOOTHING = 0.1  # EWMA weight of one new observation in the smoothed acceptance rates
+DEPTH_HISTORY = 2000  # points of depth history kept
+MEMORY_PERIOD_S = 0.5  # memory is sampled at most this often
+SERIES_BUCKET_S = 1.0  # resolution of the tok/s time series
+
+
+@dataclass(frozen=True)
+class PositionStats:
+    """Acceptance at draft position ``position`` (1-based).
+
+    ``drafted``: cycles that drafted this position; ``reached``: those where every earlier
+    draft was accepted (so this one was really judged); ``accepted``: accepted here.
+    ``rate`` = accepted / drafted (the published per-position figure: expected tokens per
+    cycle = 1 + sum of rates); ``conditional`` = accepted / reached; ``smoothed`` is an
+    EWMA of the per-cycle accept indicator (weight ``SMOOTHING``, bias-corrected).
+    """
+
+    position: int
+    drafted: int
+    reached: int
+    accepted: int
+    rate: float
+    conditional: float
+    smoothed: float
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Seconds spent in each phase of a cycle; ``other`` = total minus the four phases."""
+
+    draft: float = 0.0
+    verify: float = 0.0
+    accept: float = 0.0
+    commit: float = 0.0
+    other: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.verify + self.accept + self.commit + self.other
+
+
+@dataclass(frozen=True)
+class DepthPoint:
+    """The depth of one cycle: ``seq`` counts cycles across requests (0-based)."""
+
+    seq: int
+    depth: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """Bytes: MLX active/peak (None when MLX is not loaded) and the process RSS."""
+
+    active_bytes: int | None
+    peak_bytes: int | None
+    rss_bytes: int | None
+    at: float
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Everything the dashboard shows, computed from the events seen so far."""
+
+    requests: int
+    active: bool
+    last_finish_reason: str | None
+    cycles: int
+    tokens: int
+    decode_seconds: float
+    tps_instant: float
+    tps_window: float
+    tps_series: tuple[tuple[float, float], ...]
+    ttft_s: float | None
+    prefill_tps: float | None
+    prompt_tokens: int
+    reused_tokens: int
+    positions: tuple[PositionStats, ...]
+    spec_cycles: int
+    accepted_mean: float
+    tokens_per_cycle: float
+    accepted_hist: tuple[int, ...]
+    corrections: int
+    bonuses: int
+    plain: int
+    time_recent: TimeSplit
+    time_total: TimeSplit
+    context_tokens: int
+    current_depth: int | None
+    depth_history: tuple[DepthPoint, ...]
+    memory: MemorySample | None
+
+
+def read_memory() -> MemorySample:
+    """MLX allocator counters (only if MLX is already imported) and the RSS. No GPU sync:
+    the counters are plain reads of the allocator's bookkeeping."""
+    active = peak = rss = None
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        try:
+            active, peak = int(mx.get_active_memory()), int(mx.get_peak_memory())
+        except (AttributeError, RuntimeError):  # older MLX: counters live under mx.metal
+            active = peak = None
+    try:
+        import psutil
+
+        rss = int(psutil.Process(os.getpid()).memory_info().rss)
+    except (ImportError, OSError):
+        rss = None
+    return MemorySample(active, peak, rss, time.monotonic())
+
+
+class _Ewma:
+    """Bias-corrected exponentially weighted mean (equal to the plain mean at first)."""
+
+    __slots__ = ("alpha", "num", "den")
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha, self.num, self.den = alpha, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.num = (1 - self.alpha) * self.num + self.alpha * x
+        self.den = (1 - self.alpha) * self.den + self.alpha
+
+    @property
+    def value(self) -> float:
+        return self.num / self.den if self.den > 0 else 0.0
+
+
+class _Request:
+    """Per-request totals, for the summary ``finish`` returns."""
+
+    def __init__(self) -> None:
+        self.prefill: PrefillStats | None = None
+        self.cycles = 0
+        self.tokens = 0
+        self.seconds = 0.0
+        self.accepted = 0
+        self.spec_cycles = 0
+        self.drafted = 0
+
+
+class StatsAggregator:
+    """Aggregates one session's prefills and decode cycles.
+
+    ``add_prefill`` starts a request, ``add_cycle`` records one decode cycle, ``finish`` ends
+    the request and returns its summary; ``snapshot`` is a frozen view of everything.
+    ``memory_probe`` (default ``read_memory``) is called at most every ``MEMORY_PERIOD_S``.
+    """
+
+    def __init__(self, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
+                 memory_probe: Callable[[], MemorySample] | None = read_memory) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        self.window_s = window_s
+        self._clock = clock
+        self._t0 = clock()
+        self._probe = memory_probe
+        self._memory: MemorySample | None = None
+        self._memory_at: float | None = None
+        self._requests = 0
+        self._active = False
+        self._last_reason: str | None = None
+        self._req = _Request()
+        self._prefill: PrefillStats | None = None
+        self._cycles = 0
+        self._tokens = 0
+        self._seconds = 0.0
+        self._recent: deque[CycleStats] = deque(maxlen=max(INSTANT_MAX_CYCLES, RECENT_CYCLES))
+        self._window: deque[tuple[float, int, float]] = deque()
+        self._win_tokens = 0
+        self._win_seconds = 0.0
+        self._buckets: deque[list] = deque()  # [bucket index, tokens, seconds]
+        self._drafted: list[int] = []
+        self._reached: list[int] = []
+        self._accepted: list[int] = []
+        self._smooth: list[_Ewma] = []
+        self._hist: list[int] = []
+        self._spec_cycles = 0
+        self._accepted_sum = 0
+        self._kinds = {"correction": 0, "bonus": 0, "plain": 0, "none": 0}
+        self._split = [0.0] * 5
+        self._context = 0
+        self._depths: deque[DepthPoint] = deque(maxlen=DEPTH_HISTORY)
+
+    # -- feeding ---------------------------------------------------------------------------
+    def add_prefill(self, stats: PrefillStats) -> None:
+        """Start a request (a request without a prefill is started by its first cycle)."""
+        self._begin()
+        self._prefill = stats
+        self._req.prefill = stats
+        self._context = stats.prompt_tokens
+        self._maybe_sample_memory()
+
+    def add_cycle(self, stats: CycleStats) -> None:
+        if not self._active:
+            self._begin()
+        now = self._clock()
+        n = len(stats.emitted)
+        self._cycles += 1
+        self._tokens += n
+        self._seconds += stats.t_total
+        self._recent.append(stats)
+        self._add_window(now, n, stats.t_total)
+        self._add_acceptance(stats)
+        self._kinds[stats.extra_kind] = self._kinds.get(stats.extra_kind, 0) + 1
+        phases = (stats.t_draft, stats.t_verify, stats.t_accept, stats.t_commit)
+        for i, t in enumerate(phases):
+            self._split[i] += t
+        self._split[4] += max(0.0, stats.t_total - sum(phases))
+        self._context = stats.context_tokens or self._context
+        self._depths.append(DepthPoint(self._cycles - 1, stats.depth, stats.depth_reason))
+        r = self._req
+        r.cycles += 1
+        r.tokens += n
+        r.seconds += stats.t_total
+        if stats.drafted:
+            r.spec_cycles += 1
+            r.accepted += stats.accepted
+            r.drafted += len(stats.drafted)
+        self._maybe_sample_memory(now)
+
+    def finish(self, reason: str) -> dict:
+        """End the current request; returns its summary (tokens, tok/s, TTFT, ...)."""
+        r = self._req
+        self._active = False
+        self._last_reason = reason
+        self._maybe_sample_memory()
+        return {
+            "finish_reason": reason,
+            "tokens": r.tokens,
+            "cycles": r.cycles,
+            "decode_seconds": r.seconds,
+            "tokens_per_second": r.tokens / r.seconds if r.seconds > 0 else 0.0,
+            "ttft_s": r.prefill.seconds if r.prefill else None,
+            "prompt_tokens": r.prefill.prompt_tokens if r.prefill else 0,
+            "prefill_tps": r.prefill.tokens_per_second if r.prefill else None,
+            "tokens_per_cycle": r.tokens / r.cycles if r.cycles else 0.0,
+            "accepted_per_cycle": r.accepted / r.spec_cycles if r.spec_cycles else 0.0,
+            "acceptance": r.accepted / r.drafted if r.drafted else None,
+        }
+
+    def _begin(self) -> None:
+        self._requests += 1
+        self._active = True
+        self._req = _Request()
+
+    def _add_window(self, now: float, n: int, t: float) -> None:
+        self._window.append((now, n, t))
+        self._win_tokens += n
+        self._win_seconds += t
+        b = int((now - self._t0) // SERIES_BUCKET_S)
+        if self._buckets and self._buckets[-1][0] == b:
+            self._buckets[-1][1] += n
+            self._buckets[-1][2] += t
+        else:
+            self._buckets.append([b, n, t])
+        self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._window and self._window[0][0] < horizon:
+            _, n, t = self._window.popleft()
+            self._win_tokens -= n
+            self._win_seconds -= t
+        if not self._window:
+            self._win_tokens, self._win_seconds = 0, 0.0
+        first = int((horizon - self._t0) // SERIES_BUCKET_S)
+        while self._buckets and self._buckets[0][0] < first:
+            self._buckets.popleft()
+
+    def _add_acceptance(self, stats: CycleStats) -> None:
+        k = len(stats.drafted)
+        if k == 0:
+            return
+        while len(self._drafted) < k:
+            for lst in (self._drafted, self._reached, self._accepted):
+                lst.append(0)
+            self._smooth.append(_Ewma(SMOOTHING))
+        while len(self._hist) < k + 1:
+            self._hist.append(0)
+        a = min(stats.accepted, k)
+        for i in range(k):  # position i + 1
+            self._drafted[i] += 1
+            if i <= a:
+                self._reached[i] += 1
+            hit = i < a
+            self._accepted[i] += hit
+            self._smooth[i].add(1.0 if hit else 0.0)
+        self._hist[a] += 1
+        self._spec_cycles += 1
+        self._accepted_sum += a
+
+    def _maybe_sample_memory(self, now: float | None = None) -> None:
+        if self._probe is None:
+            return
+        now = self._clock() if now is None else now
+        if self._memory_at is not None and now - self._memory_at < MEMORY_PERIOD_S:
+            return
+        self._memory_at = now
+        try:
+            self._memory = self._probe()
+        except Exception:  # a broken probe must never stop the stats
+            log.exception("memory probe failed")
+            self._probe = None
+
+    # -- reading ---------------------------------------------------------------------------
+    def _instant(self) -> float:
+        tokens, seconds = 0, 0.0
+        for i, c in enumerate(reversed(self._recent)):
+            if i >= INSTANT_MAX_CYCLES or seconds >= INSTANT_SECONDS:
+                break
+            tokens += len(c.emitted)
+            seconds += c.t_total
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def _recent_split(self) -> TimeSplit:
+        cycles = list(self._recent)[-RECENT_CYCLES:]
+        if not cycles:
+            return TimeSplit()
+        n = len(cycles)
+        sums = [0.0] * 5
+        for c in cycles:
+            phases = (c.t_draft, c.t_verify, c.t_accept, c.t_commit)
+            for i, t in enumerate(phases):
+                sums[i] += t
+            sums[4] += max(0.0, c.t_total - sum(phases))
+        return TimeSplit(*(s / n for s in sums))
+
+    def _positions(self) -> tuple[PositionStats, ...]:
+        out = []
+        for i, d in enumerate(self._drafted):
+            r, a = self._reached[i], self._accepted[i]
+            out.append(PositionStats(i + 1, d, r, a, a / d if d else 0.0,
+                                     a / r if r else 0.0, self._smooth[i].value))
+        return tuple(out)
+
+    def snapshot(self) -> StatsSnapshot:
+        now = self._clock()
+        self._prune(now)
+        self._maybe_sample_memory(now)
+        p = self._prefill
+        series = tuple((b * SERIES_BUCKET_S, n / t) for b, n, t in self._buckets if t > 0)
+        last = self._recent[-1] if self._recent else None
+        return StatsSnapshot(
+            requests=self._requests, active=self._active, last_finish_reason=self._last_reason,
+            cycles=self._cycles, tokens=self._tokens, decode_seconds=self._seconds,
+            tps_instant=self._instant(),
+            tps_window=self._win_tokens / self._win_seconds if self._win_seconds > 0 else 0.0,
+            tps_series=series,
+            ttft_s=p.seconds if p else None,
+            prefill_tps=p.tokens_per_second if p else None,
+            prompt_tokens=p.prompt_tokens if p else 0,
+            reused_tokens=p.reused_tokens if p else 0,
+            positions=self._positions(), spec_cycles=self._spec_cycles,
+            accepted_mean=self._accepted_sum / self._spec_cycles if self._spec_cycles else 0.0,
+            tokens_per_cycle=self._tokens / self._cycles if self._cycles else 0.0,
+            accepted_hist=tuple(self._hist),
+            corrections=self._kinds["correction"], bonuses=self._kinds["bonus"],
+            plain=self._kinds["plain"],
+            time_recent=self._recent_split(), time_total=TimeSplit(*self._split),
+            context_tokens=self._context,
+            current_depth=last.depth if last else None,
+            depth_history=tuple(self._depths),
+            memory=self._memory,
+        )
