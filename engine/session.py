@@ -1,0 +1,208 @@
+"""The decode state of one conversation: trunk and MTP caches and the four steps of a
+speculative cycle (draft, verify, accept, commit), each a small function of its own.
+
+Invariants (MTP_SPEC §3): ``fed`` is every token the trunk has consumed; ``last_hidden`` is the
+trunk hidden (after the final norm) of the last fed token; the MTP cache holds one row per
+committed pair (h_t, x_{t+1}) built from trunk hiddens, except the pairs still ``pending``
+(appended at the next MTP forward, which is also the next draft's first step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engine import sampling
+from engine.trunk import commit_captures, forward_hidden, lm_head, trim_attention
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Verified:
+    """The lazy result of one verify forward over [x0, d1..dk]."""
+
+    hidden: mx.array     # [1, k+1, H]
+    logits: mx.array     # [k+1, V]
+    captures: dict
+
+
+@dataclass
+class Snapshot:
+    fed: tuple[int, ...]
+    trunk_state: list
+    mtp_state: list | None
+    mtp_rows: int
+    pending_h: mx.array | None
+    pending_tok: tuple[int, ...]
+    last_hidden: mx.array | None
+    last_logits: mx.array
+    mtp_ok: bool
+
+
+def _cache_state(cache: list) -> list:
+    out = []
+    for c in cache:
+        if hasattr(c, "offset") and hasattr(c, "keys"):
+            out.append(("kv", c.keys, c.values, c.offset))
+        else:
+            out.append(("arr", list(c.cache)))
+    return out
+
+
+def _restore_state(cache: list, state: list) -> None:
+    for c, s in zip(cache, state):
+        if s[0] == "kv":
+            c.keys, c.values, c.offset = s[1], s[2], s[3]
+        else:
+            c.cache = list(s[1])
+
+
+@dataclass
+class Session:
+    model: object                       # engine.model.Model
+    use_mtp: bool
+    trunk_cache: list = field(default_factory=list)
+    mtp_cache: list | None = None
+    fed: list[int] = field(default_factory=list)
+    mtp_rows: int = 0
+    pending_h: mx.array | None = None   # [1, n, H] trunk hiddens of pending pairs
+    pending_tok: list[int] = field(default_factory=list)
+    last_hidden: mx.array | None = None
+    last_logits: mx.array | None = None  # [1, V]
+    mtp_ok: bool = True
+
+    @classmethod
+    def fresh(cls, model, *, use_mtp: bool) -> "Session":
+        s = cls(model=model, use_mtp=use_mtp)
+        s.trunk_cache = model.trunk.make_cache()
+        s.mtp_cache = model.mtp.make_cache() if (use_mtp and model.mtp is not None) else None
+        s.mtp_ok = s.mtp_cache is not None
+        return s
+
+    # -- prompt cache -----------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            fed=tuple(self.fed), trunk_state=_cache_state(self.trunk_cache),
+            mtp_state=_cache_state(self.mtp_cache) if self.mtp_cache else None,
+            mtp_rows=self.mtp_rows, pending_h=self.pending_h, pending_tok=tuple(self.pending_tok),
+            last_hidden=self.last_hidden, last_logits=self.last_logits, mtp_ok=self.mtp_ok)
+
+    @classmethod
+    def from_snapshot(cls, model, snap: Snapshot, *, use_mtp: bool) -> "Session":
+        s = cls.fresh(model, use_mtp=use_mtp)
+        _restore_state(s.trunk_cache, snap.trunk_state)
+        if s.mtp_cache is not None and snap.mtp_state is not None:
+            _restore_state(s.mtp_cache, snap.mtp_state)
+        s.fed, s.mtp_rows = list(snap.fed), snap.mtp_rows
+        s.pending_h, s.pending_tok = snap.pending_h, list(snap.pending_tok)
+        s.last_hidden, s.last_logits = snap.last_hidden, snap.last_logits
+        s.mtp_ok = snap.mtp_ok and s.mtp_cache is not None
+        return s
+
+    # -- feeding tokens -----------------------------------------------------------------
+    def _queue_pairs(self, tokens: list[int], hidden: mx.array) -> None:
+        """After feeding ``tokens`` with trunk hiddens ``hidden`` [1, n, H], queue the new
+        committed pairs (h_{t}, x_{t+1}) for the MTP cache."""
+        if not self.use_mtp:
+            return
+        hs, toks = [], []
+        if self.last_hidden is not None:
+            hs.append(self.last_hidden)
+            toks.append(tokens[0])
+        if len(tokens) > 1:
+            hs.append(hidden[:, :-1])
+            toks.extend(tokens[1:])
+        if not hs:
+            return
+        if self.pending_h is not None:
+            hs.insert(0, self.pending_h)
+        self.pending_h = mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0]
+        self.pending_tok.extend(toks)
+
+    def flush_pending(self) -> None:
+        """Append the pending pairs to the MTP cache (K/V only matter; output discarded)."""
+        if self.pending_h is None or not self.pending_tok:
+            return
+        emb = self.model.text_model.model.embed_tokens(mx.array(self.pending_tok)[None])
+        self.model.mtp(self.pending_h, emb, self.mtp_cache)
+        self.mtp_rows += len(self.pending_tok)
+        self.pending_h, self.pending_tok = None, []
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Feed ``tokens`` in chunks (bounded memory); leaves last_logits lazy-evaluated."""
+        tm = self.model.text_model
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[i:i + PREFILL_CHUNK]
+            h, _ = forward_hidden(tm, mx.array(chunk)[None], self.trunk_cache)
+            self._queue_pairs(chunk, h)
+            self.last_hidden = h[:, -1:]
+            self.fed.extend(chunk)
+            if self.use_mtp:
+                self.flush_pending()
+            if i + PREFILL_CHUNK < len(tokens):
+                mx.eval([c.state for c in self.trunk_cache] + ([self.last_hidden]))
+        self.last_logits = lm_head(tm, self.last_hidden[:, -1])
+
+    # -- one speculative cycle ----------------------------------------------------------
+    def draft_mtp(self, x0: int, k: int, params, counts, key) -> tuple[mx.array, mx.array | None]:
+        """Draft k tokens with the MTP head; returns (drafts [k], q [k, V] or None for greedy).
+        Step 1 also appends every pending committed pair (one MTP forward)."""
+        tm = self.model.text_model
+        embed = tm.model.embed_tokens
+        hs = [self.last_hidden] if self.pending_h is None else [self.pending_h, self.last_hidden]
+        hidden = mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0]
+        toks = mx.array(self.pending_tok + [x0])[None]
+        self.mtp_rows += len(self.pending_tok) + 1
+        self.pending_h, self.pending_tok = None, []
+        out = self.model.mtp(hidden, embed(toks), self.mtp_cache)[:, -1:]
+        drafts, qs = [], []
+        keys = sampling.split_key(key, k) if not params.greedy else [None] * k
+        for j in range(k):
+            logits = lm_head(tm, out[:, -1])  # [1, V]
+            row_counts = None
+            if counts is not None:
+                row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
+                row_counts = row_counts[None]
+            if params.greedy:
+                d = sampling.argmax_tokens(logits, params, row_counts)
+            else:
+                q = sampling.build_probs(logits, params, row_counts)
+                qs.append(q[0])
+                d = sampling.sample(q, keys[j])
+            drafts.append(d.reshape(()).astype(mx.int32))
+            if j + 1 < k:
+                out = self.model.mtp(out, embed(drafts[-1].reshape(1, 1)), self.mtp_cache)
+        return mx.stack(drafts), (mx.stack(qs) if qs else None)
+
+    def verify(self, x0: int, drafts: mx.array | None) -> Verified:
+        tm = self.model.text_model
+        inp = mx.array([x0], dtype=mx.int32)
+        if drafts is not None and drafts.size:
+            inp = mx.concatenate([inp, drafts.astype(mx.int32)])
+        h, caps = forward_hidden(tm, inp[None], self.trunk_cache, capture=True)
+        return Verified(hidden=h, logits=lm_head(tm, h)[0], captures=caps)
+
+    def commit(self, x0: int, drafts: list[int], keep: int, ver: Verified, *, drafted: int) -> None:
+        """Keep x0 and the first ``keep`` drafts: trim attention KV, select the captured GDN
+        step, drop the speculative MTP rows and queue the accepted pairs."""
+        k = drafted
+        trim_attention(self.trunk_cache, k - keep)
+        commit_captures(self.trunk_cache, ver.captures, keep)
+        if self.use_mtp and self.mtp_cache is not None:
+            if k > 1:  # rows of draft steps 2..k were built from MTP hiddens
+                trim_attention(self.mtp_cache, k - 1)
+            if k == 0:  # no MTP forward happened: the step-1 pair is still pending
+                self._queue_pairs([x0], ver.hidden[:, :1])
+            if keep:
+                self.pending_h = ver.hidden[:, :keep] if self.pending_h is None else \
+                    mx.concatenate([self.pending_h, ver.hidden[:, :keep]], axis=1)
+                self.pending_tok.extend(drafts[:keep])
+        self.fed.extend([x0] + drafts[:keep])
+        self.last_hidden = ver.hidden[:, keep:keep + 1]
+        self.last_logits = ver.logits[keep:keep + 1]
+
+    def step_plain(self, x0: mx.array) -> mx.array:
+        """Plain decoding: feed one token (lazy), return logits [1, V]."""
+        out = self.model.trunk(x0.reshape(1, 1), cache=self.trunk_cache)
+        return out[:, -1]

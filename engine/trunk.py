@@ -1,0 +1,99 @@
+"""Trunk forwards on mlx-lm's Qwen3.5 classes: hidden states, logits, and a verify forward
+that captures the Gated DeltaNet state after every step so a rejection never re-runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+
+@dataclass
+class GDNCapture:
+    """Per-step states of one GDN layer during a verify forward (index j = after step j)."""
+
+    conv: list[mx.array]
+    state: list[mx.array]
+
+
+def lm_head(text_model, h: mx.array) -> mx.array:
+    """The trunk's LM head (tied to ``embed_tokens`` or separate); shared with the MTP head."""
+    if text_model.args.tie_word_embeddings:
+        return text_model.model.embed_tokens.as_linear(h)
+    return text_model.lm_head(h)
+
+
+def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
+    """GatedDeltaNet forward over S tokens that keeps the conv window and recurrent state
+    after every step. Same math as mlx-lm's layer; the recurrence runs one step at a time."""
+    B, S, _ = x.shape
+    qkv = gdn.in_proj_qkv(x)
+    z = gdn.in_proj_z(x).reshape(B, S, gdn.num_v_heads, gdn.head_v_dim)
+    b = gdn.in_proj_b(x)
+    a = gdn.in_proj_a(x)
+    n_keep = gdn.conv_kernel_size - 1
+    conv_state = cache[0] if cache[0] is not None else mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    convs = [conv_input[:, j + 1: j + 1 + n_keep, :] for j in range(S)]
+    conv_out = nn.silu(gdn.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [gdn.key_dim, 2 * gdn.key_dim], -1),
+            [gdn.num_k_heads, gdn.num_k_heads, gdn.num_v_heads],
+            [gdn.head_k_dim, gdn.head_k_dim, gdn.head_v_dim],
+        )
+    ]
+    q, k = normalize_qk(q, k, inv_scale=gdn.head_k_dim ** -0.5, eps=1e-6)
+    state = cache[1]
+    outs, states = [], []
+    for j in range(S):
+        o, state = gated_delta_update(
+            q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], a[:, j:j + 1], b[:, j:j + 1],
+            gdn.A_log, gdn.dt_bias, state, None, use_kernel=True)
+        outs.append(o)
+        states.append(state)
+    out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
+    cache[0], cache[1] = convs[-1], states[-1]
+    out = gdn.norm(out, z)
+    return gdn.out_proj(out.reshape(B, S, -1)), GDNCapture(conv=convs, state=states)
+
+
+def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
+                   ) -> tuple[mx.array, dict[int, GDNCapture]]:
+    """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
+
+    With ``capture`` the GDN layers record their per-step states (keyed by layer index);
+    the attention layers append to their KV caches as usual (trimmed by the caller).
+    """
+    inner = text_model.model
+    x = inner.embed_tokens(inputs)
+    fa_mask = create_attention_mask(x, cache[inner.fa_idx])
+    ssm_mask = create_ssm_mask(x, cache[inner.ssm_idx])
+    captures: dict[int, GDNCapture] = {}
+    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+        if layer.is_linear and capture:
+            r, captures[i] = _gdn_capture(layer.linear_attn, layer.input_layernorm(x), c)
+            h = x + r
+            x = h + layer.mlp(layer.post_attention_layernorm(h))
+        else:
+            x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
+    return inner.norm(x), captures
+
+
+def commit_captures(cache: list, captures: dict[int, GDNCapture], step: int) -> None:
+    """Keep the GDN state after verify step ``step`` (0-based) in every linear layer."""
+    for i, cap in captures.items():
+        cache[i][0] = cap.conv[step]
+        cache[i][1] = cap.state[step]
+
+
+def trim_attention(cache: list, n: int) -> None:
+    if n <= 0:
+        return
+    for c in cache:
+        if hasattr(c, "trim") and c.is_trimmable():
+            c.trim(n)
