@@ -77,8 +77,13 @@ def verdict(*, memory_bytes: int, disk_bytes: int, total_mem: int, free: int) ->
     return v
 
 
-def _rank(v: str) -> int:
-    return VERDICTS.index(v)
+_RANK = {"recommended": 0, "tight fit": 1, "not enough disk": 2, "not enough memory": 3}
+
+
+def _choice_key(o: dict) -> tuple[int, int]:
+    """Best verdict first; among fitting options the highest precision, otherwise the smallest."""
+    q = QUANTS.index(o["quantization"])
+    return _RANK[o["verdict"]], q if _RANK[o["verdict"]] < 2 else -q
 
 
 def evaluate(entry: dict, *, total_mem: int, free: int) -> dict:
@@ -92,9 +97,7 @@ def evaluate(entry: dict, *, total_mem: int, free: int) -> dict:
         v = verdict(memory_bytes=int(spec["memory_bytes"]), disk_bytes=disk,
                     total_mem=total_mem, free=free)
         options.append({"quantization": q, "verdict": v, "disk_needed_bytes": disk, **spec})
-    # Best: the best verdict reached, and among those the highest precision.
-    best = min(options, key=lambda o: (_rank(o["verdict"]), QUANTS.index(o["quantization"])),
-               default=None)
+    best = min(options, key=_choice_key, default=None)
     return {**entry, "options": options,
             "verdict": best["verdict"] if best else "unknown",
             "best_quantization": best["quantization"] if best else None,

@@ -76,7 +76,8 @@ class Downloader:
                  progress: ProgressFn | None = None, cancel: threading.Event | None = None,
                  stall_after_s: float = 30.0, read_timeout_s: float = 60.0,
                  max_retries: int = 5, retry_backoff_s: float = 1.0, tick_s: float = 0.5,
-                 chunk_size: int = 1 << 20, extra_disk_bytes: int = 0,
+                 chunk_size: int = 1 << 20,
+                 extra_disk_bytes: int | Callable[[int], int] = 0,
                  free_space: Callable[[Path], int] | None = None) -> None:
         self.repo_id, self.revision = repo_id, revision
         self.token = hub.resolve_token(token)
@@ -201,7 +202,9 @@ class Downloader:
         return have
 
     def _preflight(self, total: int, have: int) -> None:
-        need = int((total - have) * DISK_MARGIN) + self.extra_disk_bytes
+        extra = self.extra_disk_bytes
+        extra = extra(total) if callable(extra) else extra
+        need = int((total - have) * DISK_MARGIN) + int(extra)
         free = self.free_space(self.store.root)
         if need > free:
             raise NotEnoughDiskError(
@@ -307,7 +310,7 @@ class Downloader:
         h = self._hash
         with open(part, "ab") as fh:
             try:
-                for chunk in resp.iter_raw(self.chunk_size):
+                for chunk in resp.iter_raw():  # as received: a drop loses nothing
                     if self.cancel.is_set():
                         raise _Cancelled
                     if have + len(chunk) > f.size:
@@ -429,3 +432,4 @@ def _try_lock(path: Path):
 def download(repo_id: str, **kw) -> DownloadResult:
     """Convenience wrapper: ``Downloader(repo_id, **kw).run()``."""
     return Downloader(repo_id, **kw).run()
+

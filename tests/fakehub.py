@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 rev, _, fpath = rest.partition("/")
                 return self._resolve(repo, rev, fpath)
             self._error(404, "EntryNotFound", "no such route")
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, OSError):
             hub.note_disconnect()
 
     def _lookup(self, repo_id: str, rev: str) -> FakeRepo | None:
@@ -215,6 +215,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         drop = hub.take_drop(fpath)
+        with hub.lock:
+            hub.active += 1
+        try:
+            self._write_body(repo_id, fpath, body, drop)
+        finally:
+            with hub.lock:
+                hub.active -= 1
+
+    def _write_body(self, repo_id: str, fpath: str, body: bytes, drop: int | None) -> None:
+        hub = self.server.hub
         sent = 0
         while sent < len(body):
             n = min(hub.chunk_size, len(body) - sent)
@@ -258,6 +268,7 @@ class FakeHub:
         self.served: dict[tuple[str, str], int] = defaultdict(int)
         self.requests: list[dict] = []
         self.disconnects = 0
+        self.active = 0  # file bodies being written right now
         self._drops: dict[str, list[int]] = defaultdict(list)
         self._failures: list[tuple[int, str | None]] = []
         self._hub = _Server(self, is_cdn=False, port=port)
@@ -327,6 +338,16 @@ class FakeHub:
     def served_for(self, repo_id: str) -> dict[str, int]:
         with self.lock:
             return {p: n for (r, p), n in self.served.items() if r == repo_id}
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until no file body is being written (e.g. to a client that went away)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.active == 0:
+                    return
+            time.sleep(0.01)
+        raise TimeoutError("the fake hub is still sending")
 
     def reset_counts(self) -> None:
         with self.lock:

@@ -1,0 +1,117 @@
+"""``pull``: download a model (resumable, see engine.download) and optionally convert it.
+
+Conversion (raw Hugging Face bf16 -> MLX 4/8-bit keeping the MTP head) is done by
+``engine.convert.convert(src_dir, dst_dir, *, bits, group_size, progress, cancel)``; the raw
+download is installed first, so a failed or cancelled conversion never costs a re-download.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from engine.download import Downloader, ProgressFn, _Cancelled
+from engine.errors import HubError
+from engine.hub import DownloadProgress, DownloadResult
+from engine.store import MARKER_DIR, Store
+
+
+def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = None,
+         group_size: int = 64, store: Store | None = None, progress: ProgressFn | None = None,
+         cancel: threading.Event | None = None, **kw) -> DownloadResult:
+    """Download ``repo_id`` (resuming), and with ``convert_bits`` convert it to MLX 4/8-bit.
+
+    The raw download is installed first (so a failed conversion never costs a re-download);
+    the conversion goes to ``<name>-mlx-<bits>bit``, built in staging and installed atomically.
+    """
+    store = store or Store()
+    cancel = cancel or threading.Event()
+    convert_fn = _converter() if convert_bits else None
+    # bf16 -> b-bit shrinks weights about 16 / (b + 0.5) times; reserve room for the output.
+    extra = (lambda total: int(total * (convert_bits + 0.5) / 16)) if convert_bits else 0
+    dl = Downloader(repo_id, revision=revision, store=store, progress=progress, cancel=cancel,
+                    extra_disk_bytes=extra, **kw)
+    result = dl.run()
+    if result.status != "installed" or convert_fn is None:
+        return result
+    return _convert(result, convert_fn, bits=convert_bits, group_size=group_size, store=store,
+                    progress=progress, cancel=cancel, revision=revision)
+
+
+def _converter():
+    try:
+        from engine.convert import convert
+    except ImportError as exc:
+        raise HubError("this build of MTP Chat cannot convert models yet (engine.convert is "
+                       f"missing: {exc}); download an MLX build or run without --convert") from exc
+    return convert
+
+
+def _convert_progress(progress: ProgressFn | None, base: DownloadProgress):
+    """Adapt whatever engine.convert reports (a fraction, (done, total), or an object)."""
+    def report(*args, **kwargs) -> None:
+        if progress is None:
+            return
+        done, total, msg = 0, 0, ""
+        if len(args) >= 2 and all(isinstance(a, (int, float)) for a in args[:2]):
+            done, total = args[0], args[1]
+        elif args and isinstance(args[0], (int, float)):
+            done, total = args[0] * 1000, 1000
+        elif args:
+            obj = args[0]
+            done = getattr(obj, "done", getattr(obj, "bytes_done", 0)) or 0
+            total = getattr(obj, "total", getattr(obj, "bytes_total", 0)) or 0
+            msg = str(getattr(obj, "message", "") or "")
+        msg = msg or str(kwargs.get("message", "") or (args[2] if len(args) > 2 else ""))
+        progress(replace(base, phase="converting", bytes_done=int(done), bytes_total=int(total),
+                         message=msg or "converting"))
+    return report
+
+
+def _convert(result: DownloadResult, convert_fn, *, bits: int, group_size: int, store: Store,
+             progress: ProgressFn | None, cancel: threading.Event, revision: str
+             ) -> DownloadResult:
+    import shutil
+
+    t0 = time.monotonic()
+    src = Path(result.path)
+    name = f"{result.name}-mlx-{bits}bit"
+    staging = store.staging_path(name)
+    shutil.rmtree(staging, ignore_errors=True)  # a conversion restarts from scratch
+    base = DownloadProgress(repo_id=result.repo_id, phase="converting", name=name)
+    if progress:
+        progress(base)
+    try:
+        convert_fn(str(src), str(staging), bits=bits, group_size=group_size,
+                   progress=_convert_progress(progress, base), cancel=cancel)
+        if cancel.is_set():
+            raise _Cancelled
+        from engine.inspect import inspect_local
+
+        info = inspect_local(staging)
+        files = {str(p.relative_to(staging)): {"size": p.stat().st_size}
+                 for p in staging.rglob("*") if p.is_file() and MARKER_DIR not in p.parts}
+        record = {"repo_id": result.repo_id, "revision": revision, "converted_from": result.name,
+                  "bits": bits, "group_size": group_size, "files": files,
+                  "summary": {k: info.get(k) for k in ("family", "quantization", "has_mtp",
+                                                       "layout", "parameters", "supported")}}
+        dest = store.install(staging, name, record)
+    except _Cancelled:
+        shutil.rmtree(staging, ignore_errors=True)
+        if progress:
+            progress(replace(base, phase="cancelled", message="conversion cancelled"))
+        return replace(result, status="cancelled", name=name, path=None)
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if progress:
+            progress(replace(base, phase="failed", message=f"conversion failed: {exc}"))
+        if isinstance(exc, HubError):
+            raise
+        raise HubError(f"converting {result.name} to {bits}-bit failed: {exc} (the downloaded "
+                       f"model is kept in {src})") from exc
+    if progress:
+        progress(replace(base, phase="done", message=f"installed in {dest}"))
+    return replace(result, name=name, path=str(dest), converted=True,
+                   seconds=result.seconds + time.monotonic() - t0,
+                   notes=(f"original download kept in {src}",))
