@@ -1,29 +1,515 @@
-"""The main chat window (shell; the chat issue fills it in)."""
+"""The main chat window: sidebar | model picker + conversation + composer | chat settings.
+
+Wiring only: persistence and streaming live in ``app.chat.session.ChatSession``, the engine
+in ``app.worker.Worker`` (its own thread), rendering in ``app.chat.*`` widgets.
+Construct with ``loader`` (default ``engine.load``) and ``db_file`` to run over a fake engine or
+another database (tests, the bench); ``autoload=False`` skips loading a model at start.
+"""
 from __future__ import annotations
 
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QVBoxLayout, QWidget
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, Qt, Slot
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app import __version__
+import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug)
+from app.chat.aux_windows import AuxWindows
+from app.chat.composer import Composer
+from app.chat.conversation_view import ConversationView
+from app.chat.export import to_json, to_markdown
+from app.chat.model_picker import ModelPicker
+from app.chat.session import ChatSession
+from app.chat.settings import ChatSettings
+from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, DefaultsDialog
+from app.chat.sidebar import Sidebar
+from app.chat.theme import apply_theme, current_colors, stylesheet
+from app.db import ChatStore
+from app.paths import db_path, default_model_path
+from app.worker import Loader, WorkerThread
+
+log = logging.getLogger(__name__)
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, model_path: str | None = None) -> None:
+    def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
+                 db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
         self.setWindowTitle("MTP Chat")
-        self.resize(1100, 750)
-        central = QWidget(self)
-        lay = QVBoxLayout(central)
-        self.chat_area = QLabel("No conversation yet.", central)
-        self.chat_area.setAccessibleName("Chat area")
-        lay.addWidget(self.chat_area)
-        self.setCentralWidget(central)
-        menu = self.menuBar().addMenu("&File")
-        quit_action = QAction("&Quit", self, shortcut=QKeySequence.StandardKey.Quit,
-                              triggered=self.close)
-        menu.addAction(quit_action)
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.addAction(QAction("&About MTP Chat", self, triggered=self.show_about))
+        self.resize(1180, 780)
+        self._closed = False
+        self._restyling = False
+        self.store = ChatStore(db_file or db_path())
+        self.store.purge_deleted()
+        self.store.mark_interrupted()
+        self.prefs = AppPreferences.from_dict(self.store.get_setting("preferences"))
+        self.worker_thread = WorkerThread(loader=loader)
+        self.worker = self.worker_thread.worker
+        self.session = ChatSession(self.store, self.worker, self)
+        self.session.defaults = ChatSettings.from_dict(self.store.get_setting("defaults"))
+        self.current_conv: int | None = None
+        self._last_deleted: int | None = None
+        self._build_ui()
+        self._build_menus()
+        self._connect()
+        self.aux = AuxWindows(self, self.worker, on_load=self.load_model, on_tune=self.tune_model)
+        self.apply_preferences(self.prefs)
+        self._open_initial_conversation()
+        if autoload:
+            self.load_model(model_path or self._initial_model())
 
+    # -- construction ----------------------------------------------------------------------
+    def _build_ui(self) -> None:
+        self.sidebar = Sidebar(self)
+        self.picker = ModelPicker(self)
+        self.view = ConversationView(self)
+        self.chat_area = self.view  # the shell's name for it
+        self.composer = Composer(self)
+        self.settings_panel = ChatSettingsPanel(self)
+        self.settings_panel.hide()
+        self.banner = QLabel("", self)
+        self.banner.setObjectName("errorText")
+        self.banner.setWordWrap(True)
+        self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner.setAccessibleName("Model message")
+        self.banner.hide()
+        self.settings_button = QPushButton("Chat settings", self)
+        self.settings_button.setCheckable(True)
+        self.settings_button.setAccessibleName("Show chat settings")
+        self.settings_button.toggled.connect(self.settings_panel.setVisible)
+        pane = QWidget(self)
+        pl = QVBoxLayout(pane)
+        pl.setContentsMargins(0, 8, 0, 0)
+        pl.setSpacing(4)
+        header = QHBoxLayout()
+        header.setContentsMargins(16, 0, 12, 0)
+        header.addWidget(self.picker, 1)
+        header.addWidget(self.settings_button)
+        pl.addLayout(header)
+        pl.addWidget(self.banner)
+        pl.addWidget(self.view, 1)
+        pl.addWidget(self.composer)
+        self.splitter = QSplitter(self)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(pane)
+        self.splitter.addWidget(self.settings_panel)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([250, 900, 300])
+        self.setCentralWidget(self.splitter)
+        self.statusBar().setAccessibleName("Status")
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        file_menu = mb.addMenu("&File")
+        self.new_action = self._action(file_menu, "&New Chat", self.new_chat, QKeySequence.StandardKey.New)
+        self._action(file_menu, "Export as &Markdown…", lambda: self._export_current("md"))
+        self._action(file_menu, "Export as &JSON…", lambda: self._export_current("json"))
+        file_menu.addSeparator()
+        self._action(file_menu, "&Settings…", self.open_defaults, QKeySequence("Ctrl+,"))
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit_menu = mb.addMenu("&Edit")
+        self._action(edit_menu, "&Find Chats", self.focus_search, QKeySequence.StandardKey.Find)
+        self.stop_action = self._action(edit_menu, "&Stop Generating", self.stop, None)
+        view = mb.addMenu("&View")
+        self.tint_action = self._action(view, "Show &Speculation", self.toggle_tint,
+                                        QKeySequence("Ctrl+Shift+T"))
+        self.tint_action.setCheckable(True)
+        self._action(view, "Chat S&ettings Panel", self.settings_button.toggle,
+                     QKeySequence("Ctrl+Shift+S"))
+        view.addSeparator()
+        self._action(view, "&Dashboard…", lambda: self.aux.show_dashboard(), QKeySequence("Ctrl+Shift+D"))
+        self._action(view, "&Models…", lambda: self.aux.show_models(), QKeySequence("Ctrl+Shift+M"))
+        help_menu = mb.addMenu("&Help")
+        self._action(help_menu, "&About MTP Chat", self.show_about)
+        esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        esc.activated.connect(self.on_escape)
+
+    def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(shortcut)
+        a.triggered.connect(slot)
+        menu.addAction(a)
+        return a
+
+    def _connect(self) -> None:
+        s = self.session
+        s.stream_updated.connect(self.on_stream_updated)
+        s.stream_finished.connect(self.on_stream_finished)
+        s.busy_changed.connect(self.on_busy_changed)
+        s.conversations_changed.connect(self.refresh_sidebar)
+        s.messages_changed.connect(self.on_messages_changed)
+        w = self.worker
+        w.loading.connect(self.on_loading)
+        w.loaded.connect(self.on_loaded)
+        w.load_failed.connect(self.on_load_failed)
+        w.tune_progress.connect(self.on_tune_progress)
+        w.tune_finished.connect(self.on_tune_finished)
+        w.tune_failed.connect(self.on_tune_failed)
+        sb = self.sidebar
+        sb.conversation_selected.connect(self.open_conversation)
+        sb.new_requested.connect(self.new_chat)
+        sb.rename_requested.connect(self.ask_rename)
+        sb.delete_requested.connect(self.delete_conversation)
+        sb.undo_requested.connect(self.undo_delete)
+        sb.export_requested.connect(self.ask_export)
+        sb.search_changed.connect(lambda _t: self.refresh_sidebar())
+        self.composer.send_requested.connect(self.on_send)
+        self.composer.stop_requested.connect(self.stop)
+        self.view.edit_requested.connect(self.begin_edit)
+        self.view.regenerate_requested.connect(self.regenerate)
+        self.picker.load_requested.connect(self.load_model)
+        self.settings_panel.settings_changed.connect(self.on_chat_settings_changed)
+        self.settings_panel.reset_requested.connect(self.reset_chat_settings)
+
+    def _initial_model(self) -> str:
+        last = self.store.get_setting("last_model")
+        if last and Path(last).exists():
+            return last
+        return str(default_model_path())
+
+    def _open_initial_conversation(self) -> None:
+        for c in self.store.conversations():
+            if not self.store.messages(c.id) and c.title == "New chat":
+                self.store.erase_conversation(c.id)  # empty leftovers of earlier sessions
+        convs = self.store.conversations()
+        self.open_conversation(convs[0].id if convs else self.session.new_conversation())
+
+    # -- conversations -----------------------------------------------------------------------
+    @Slot()
+    def refresh_sidebar(self) -> None:
+        streaming = {st.conv_id for st in self.session.streams.values()}
+        convs = self.store.conversations(search=self.sidebar.search.text())
+        self.sidebar.set_conversations(convs, self.current_conv, streaming=streaming)
+
+    @Slot(int)
+    def open_conversation(self, conv_id: int) -> None:
+        if conv_id != self.current_conv:
+            self.composer.cancel_edit()
+        self.current_conv = conv_id
+        self._reload_view()
+        self.settings_panel.form.set_settings(self.session.settings_for(conv_id))
+        self.refresh_sidebar()
+        self._sync_composer()
+
+    def _reload_view(self) -> None:
+        if self.current_conv is None:
+            self.view.show_conversation(None, [])
+            return
+        live = {st.msg_id: (st.content, st.live_meta()) for st in self.session.streams.values()
+                if st.conv_id == self.current_conv}
+        self.view.show_conversation(self.current_conv, self.store.messages(self.current_conv), live)
+        self.view.update_actions(busy=self.session.busy)
+
+    def new_chat(self) -> None:
+        if self.current_conv is not None and not self.store.messages(self.current_conv):
+            self.composer.edit.setFocus()
+            return
+        self.open_conversation(self.session.new_conversation())
+        self.composer.edit.setFocus()
+
+    def ask_rename(self, conv_id: int) -> None:
+        conv = self.store.conversation(conv_id)
+        if conv is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
+        if ok and title.strip():
+            self.rename_conversation(conv_id, title.strip())
+
+    def rename_conversation(self, conv_id: int, title: str) -> None:
+        self.store.rename_conversation(conv_id, title)
+        self.refresh_sidebar()
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
+        conv = self.store.conversation(conv_id)
+        if conv is None:
+            return
+        for st in list(self.session.streams.values()):
+            if st.conv_id == conv_id:
+                self.session.stop()
+        self.store.purge_deleted()
+        self.store.delete_conversation(conv_id)
+        self._last_deleted = conv_id
+        self.sidebar.show_undo(conv.title)
+        if conv_id == self.current_conv:
+            rest = self.store.conversations()
+            self.current_conv = None
+            self.open_conversation(rest[0].id if rest else self.session.new_conversation())
+        else:
+            self.refresh_sidebar()
+
+    def undo_delete(self) -> None:
+        if self._last_deleted is None:
+            return
+        self.store.undelete_conversation(self._last_deleted)
+        cid, self._last_deleted = self._last_deleted, None
+        self.sidebar.hide_undo()
+        self.open_conversation(cid)
+
+    def ask_export(self, conv_id: int, fmt: str) -> None:
+        conv = self.store.conversation(conv_id)
+        if conv is None:
+            return
+        ext = "md" if fmt == "md" else "json"
+        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe}.{ext}",
+                                              "Markdown (*.md)" if ext == "md" else "JSON (*.json)")
+        if path:
+            self.export_conversation(conv_id, fmt, path)
+
+    def _export_current(self, fmt: str) -> None:
+        if self.current_conv is not None:
+            self.ask_export(self.current_conv, fmt)
+
+    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
+        conv = self.store.conversation(conv_id)
+        msgs = self.store.messages(conv_id)
+        text = to_markdown(conv, msgs) if fmt == "md" else to_json(conv, msgs)
+        out = Path(path)
+        out.write_text(text, encoding="utf-8")
+        self.statusBar().showMessage(f"Exported to {out}", 5000)
+        return out
+
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    # -- sending, editing, stopping ----------------------------------------------------------
+    def confirm(self, title: str, text: str) -> bool:
+        """Ask yes/no (tests replace this)."""
+        answer = QMessageBox.question(self, title, text)
+        return answer == QMessageBox.StandardButton.Yes
+
+    @Slot(str)
+    def on_send(self, text: str) -> None:
+        if self.current_conv is None or self.session.busy or self.session.model_info is None:
+            return
+        editing = self.composer.editing_msg_id
+        if editing is not None:
+            later = [m for m in self.store.messages(self.current_conv) if m.id > editing]
+            if later and not self.confirm(
+                    "Resend edited message?",
+                    f"Sending replaces the original message and the {len(later)} message(s) after it."):
+                return
+            self.composer.end_edit()
+            self.session.edit_and_resend(self.current_conv, editing, text)
+        else:
+            self.session.send(self.current_conv, text)
+        self.composer.clear()
+        self.view.scroll_to_bottom()
+
+    def begin_edit(self, msg_id: int) -> None:
+        msg = self.store.message(msg_id)
+        if msg is not None and msg.role == "user" and not self.session.busy:
+            self.composer.begin_edit(msg_id, msg.content)
+
+    def regenerate(self, msg_id: int) -> None:
+        if self.current_conv is None or self.session.busy or self.session.model_info is None:
+            return
+        self.session.regenerate(self.current_conv, msg_id)
+
+    def stop(self) -> None:
+        self.session.stop()
+        self._reload_if_current_streams()
+
+    def on_escape(self) -> None:
+        if self.session.busy:
+            self.stop()
+        elif self.composer.editing_msg_id is not None:
+            self.composer.cancel_edit()
+
+    def _reload_if_current_streams(self) -> None:
+        for st in self.session.streams.values():
+            if st.conv_id == self.current_conv:
+                self.view.update_message(st.msg_id, st.content, st.live_meta(), final=False)
+
+    @Slot(int, int)
+    def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
+        if conv_id != self.current_conv:
+            return
+        st = self.session.stream_for_message(msg_id)
+        if st is not None:
+            self.view.update_message(msg_id, st.content, st.live_meta(), final=False)
+
+    @Slot(int, int, str)
+    def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
+        if conv_id == self.current_conv:
+            msg = self.store.message(msg_id)
+            if msg is not None:
+                self.view.update_message(msg_id, msg.content, msg.meta, final=True)
+        if status == "error":
+            msg = self.store.message(msg_id)
+            self.statusBar().showMessage(f"The reply failed: {msg.meta.get('error') if msg else ''}", 10000)
+        self.refresh_sidebar()
+
+    @Slot(int)
+    def on_messages_changed(self, conv_id: int) -> None:
+        if conv_id == self.current_conv:
+            self._reload_view()
+
+    @Slot(bool)
+    def on_busy_changed(self, _busy: bool) -> None:
+        self._sync_composer()
+        self.view.update_actions(busy=self.session.busy)
+
+    def _sync_composer(self) -> None:
+        active = self.session.active_stream()
+        here = active is not None and active.conv_id == self.current_conv
+        hint = ""
+        if self.session.model_info is None:
+            hint = "No model is loaded." if not self.picker.progress.isVisible() else "Loading the model…"
+        elif active is not None and not here:
+            conv = self.store.conversation(active.conv_id)
+            title = conv.title if conv else "another chat"
+            hint = f"A reply is being written in “{title}”. Press Esc to stop it."
+        self.composer.set_state(busy=here, can_send=self.session.model_info is not None
+                                and active is None, hint=hint)
+
+    # -- models ------------------------------------------------------------------------------
+    def load_model(self, path: str) -> None:
+        path = str(path)
+        if not Path(path).exists():
+            demo = Path(path) == default_model_path()
+            msg = (f"The embedded demo model is missing ({path}). Build it with "
+                   "`python -m engine train-demo`, or open a model with View › Models…"
+                   if demo else f"Model folder not found: {path}")
+            self.on_load_failed(msg)
+            return
+        if self.session.busy:
+            self.session.stop()
+        self.session.model_info = None
+        self.picker.set_loading(path, f"Loading {Path(path).name}…")
+        self.banner.hide()
+        self._sync_composer()
+        self.worker.load_model(path)
+
+    def tune_model(self, path: str) -> None:
+        if self.session.busy:
+            self.session.stop()
+        self.statusBar().showMessage("Tuning the speculation depth…")
+        self.worker.start_tune(path)
+
+    @Slot(str)
+    def on_loading(self, text: str) -> None:
+        self.picker.status.setText(text)
+
+    @Slot(object)
+    def on_loaded(self, info) -> None:
+        self.session.model_info = info
+        self.aux.model_info = info
+        self.view.model_name = info.name
+        self.picker.set_loaded(info)
+        self.settings_panel.form.set_model_info(info)
+        self.store.set_setting("last_model", info.path)
+        self.banner.hide()
+        self.statusBar().showMessage(f"Loaded {info.name}", 5000)
+        self._sync_composer()
+
+    @Slot(str)
+    def on_load_failed(self, message: str) -> None:
+        self.session.model_info = None
+        self.picker.set_failed("Not loaded")
+        self.banner.setText(message)
+        self.banner.show()
+        self._sync_composer()
+
+    @Slot(object)
+    def on_tune_progress(self, progress) -> None:
+        self.statusBar().showMessage(f"Tuning: {progress}")
+
+    @Slot(object)
+    def on_tune_finished(self, result) -> None:
+        self.statusBar().showMessage(f"Tuning finished: {result}", 15000)
+
+    @Slot(str)
+    def on_tune_failed(self, message: str) -> None:
+        self.statusBar().showMessage(f"Tuning failed: {message}", 15000)
+
+    # -- settings and appearance ---------------------------------------------------------------
+    def on_chat_settings_changed(self, settings: ChatSettings) -> None:
+        if self.current_conv is not None:
+            self.store.set_conversation_settings(self.current_conv, settings.to_dict())
+
+    def reset_chat_settings(self) -> None:
+        if self.current_conv is not None:
+            self.store.set_conversation_settings(self.current_conv, self.session.defaults.to_dict())
+            self.settings_panel.form.set_settings(self.session.defaults)
+
+    def open_defaults(self) -> None:
+        dlg = DefaultsDialog(self.session.defaults, self.prefs, self.session.model_info, self)
+        if dlg.exec():
+            self.session.defaults = dlg.defaults()
+            self.store.set_setting("defaults", self.session.defaults.to_dict())
+            self.store.set_setting("preferences", dlg.preferences().__dict__)
+            self.apply_preferences(dlg.preferences())
+
+    def apply_preferences(self, prefs: AppPreferences) -> None:
+        self.prefs = prefs
+        apply_theme(prefs.theme)
+        if prefs.font_size:
+            font = QApplication.font()
+            font.setPointSize(prefs.font_size)
+            self.setFont(font)
+        self.view.tint = prefs.show_speculation
+        self.tint_action.setChecked(prefs.show_speculation)
+        self.restyle()
+
+    def toggle_tint(self) -> None:
+        prefs = AppPreferences(self.prefs.theme, self.prefs.font_size, self.tint_action.isChecked())
+        self.store.set_setting("preferences", prefs.__dict__)
+        self.prefs = prefs
+        self.view.tint = prefs.show_speculation
+        self._reload_view()
+
+    def restyle(self) -> None:
+        """Re-derive the chat colours from the palette and re-render (code colours change)."""
+        if self._restyling:
+            return
+        self._restyling = True
+        try:
+            self.setStyleSheet(stylesheet(current_colors()))
+            self._reload_view()
+        finally:
+            self._restyling = False
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ApplicationPaletteChange and not self._restyling:
+            self.restyle()
+
+    # -- lifecycle -----------------------------------------------------------------------------
     def show_about(self) -> None:
-        QMessageBox.about(self, "About MTP Chat", f"MTP Chat {__version__}")
+        QMessageBox.about(self, "About MTP Chat",
+                          f"MTP Chat {__version__}\n\nLocal chat with exact multi-token-prediction "
+                          "speculative decoding.")
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.shutdown()
+        super().closeEvent(event)
+
+    def shutdown(self) -> None:
+        """Save streaming replies, stop the worker thread, close the database. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.session.shutdown()
+        self.worker_thread.shutdown()
+        self.aux.close_all()
+        self.store.purge_deleted()
+        self.store.close()

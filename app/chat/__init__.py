@@ -1,0 +1,7 @@
+"""The chat window's parts: conversation view, messages, Markdown, composer, sidebar, settings.
+
+Pure logic (``settings``, ``markdown``, ``export``, ``session``) is kept apart from widgets so it
+can be tested without a window.
+"""
+
+import app.qtfix  # noqa: E402,F401  (PySide6 6.12.0 emit() refcount bug)

@@ -1,0 +1,112 @@
+"""The scrolling column of messages of one conversation.
+
+Sticks to the bottom while a reply streams unless the user scrolled up. Messages are built
+once per ``show_conversation``; a streaming reply is updated in place through
+``update_message``. Signals are forwarded from the message widgets.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from app.chat.message_widget import MessageWidget
+from app.db import Message
+
+MAX_COLUMN_WIDTH = 860
+
+
+class ConversationView(QScrollArea):
+    edit_requested = Signal(int)
+    regenerate_requested = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setAccessibleName("Conversation")
+        self.conv_id: int | None = None
+        self.tint = False
+        self.model_name: str | None = None
+        self.widgets: dict[int, MessageWidget] = {}
+        self._stick = True
+        canvas = QWidget()
+        canvas.setObjectName("conversationCanvas")
+        outer = QHBoxLayout(canvas)
+        outer.setContentsMargins(16, 16, 16, 16)
+        self.column = QWidget(canvas)
+        self.column.setMaximumWidth(MAX_COLUMN_WIDTH)
+        self._col = QVBoxLayout(self.column)
+        self._col.setContentsMargins(0, 0, 0, 0)
+        self._col.setSpacing(14)
+        self.empty_label = QLabel("Send a message to start the conversation.", self.column)
+        self.empty_label.setObjectName("muted")
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._col.addWidget(self.empty_label)
+        self._col.addStretch(1)
+        outer.addStretch(0)
+        outer.addWidget(self.column, 1)
+        outer.addStretch(0)
+        self.setWidget(canvas)
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
+
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._stick = value >= bar.maximum() - 40
+
+    def _on_range_changed(self, _lo: int, hi: int) -> None:
+        if self._stick:
+            self.verticalScrollBar().setValue(hi)
+
+    def scroll_to_bottom(self) -> None:
+        self._stick = True
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def clear(self) -> None:
+        for w in self.widgets.values():
+            self._col.removeWidget(w)
+            w.deleteLater()
+        self.widgets.clear()
+        self.empty_label.show()
+
+    def show_conversation(self, conv_id: int | None, messages: list[Message],
+                          live: dict[int, tuple[str, dict]] | None = None) -> None:
+        """Rebuild for ``messages``; ``live`` maps message ids still streaming to (text, meta)."""
+        self.setUpdatesEnabled(False)
+        try:
+            self.clear()
+            self.conv_id = conv_id
+            for m in messages:
+                content, meta = (live or {}).get(m.id, (m.content, m.meta))
+                final = m.id not in (live or {})
+                self.add_message(m.id, m.role, content, meta, final=final)
+        finally:
+            self.setUpdatesEnabled(True)
+        self.scroll_to_bottom()
+
+    def add_message(self, msg_id: int, role: str, content: str, meta: dict, *, final: bool) -> MessageWidget:
+        name = meta.get("model") or self.model_name
+        w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
+        w.edit_requested.connect(self.edit_requested)
+        w.regenerate_requested.connect(self.regenerate_requested)
+        w.update_content(content, meta, final=final)
+        self._col.insertWidget(self._col.count() - 1, w)
+        self.widgets[msg_id] = w
+        self.empty_label.hide()
+        return w
+
+    def update_message(self, msg_id: int, content: str, meta: dict, *, final: bool) -> None:
+        w = self.widgets.get(msg_id)
+        if w is not None:
+            w.update_content(content, meta, final=final)
+
+    def update_actions(self, *, busy: bool) -> None:
+        """Edit/regenerate only when idle; regenerate only on the last reply."""
+        ids = list(self.widgets)
+        last_assistant = next((i for i in reversed(ids) if self.widgets[i].role == "assistant"), None)
+        for i, w in self.widgets.items():
+            w.set_actions_enabled(edit=not busy, regenerate=not busy,
+                                  regenerate_visible=(i == last_assistant))

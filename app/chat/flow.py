@@ -1,0 +1,199 @@
+"""``MarkdownFlow``: a reply's Markdown as a column of block widgets, updated incrementally.
+
+Contract: ``set_text(text, final=...)`` may be called with ever-longer text; blocks that became
+stable (see ``app.chat.markdown``) were rendered for the last time and are never touched
+again — only the tail block is re-rendered per update. Prose blocks are ``QLabel``s in
+Markdown mode; fenced code is a ``CodeBlock`` (language, Copy button, highlighted text).
+With ``tint`` (the "show speculation" view) text is shown raw, with the characters that came
+from accepted drafts on a tinted background.
+"""
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication, QTextOption
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat.markdown import Block, draft_spans_in, highlight_html, split_blocks, stable_count, tinted_html
+from app.chat.theme import current_colors
+
+
+class CodeBlock(QFrame):
+    """A fenced code block: header (language, Copy) over highlighted, unwrapped text."""
+
+    copied = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("codeBlock")
+        self.code = ""
+        self.lang = ""
+        self._rendered_lines = -1
+        self._head_html = ""
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(1, 1, 1, 1)
+        lay.setSpacing(0)
+        header = QWidget(self)
+        header.setObjectName("codeHeader")
+        hl = QHBoxLayout(header)
+        hl.setContentsMargins(10, 2, 4, 2)
+        self.lang_label = QLabel("", header)
+        self.lang_label.setObjectName("muted")
+        self.copy_button = QToolButton(header)
+        self.copy_button.setObjectName("msgAction")
+        self.copy_button.setText("Copy")
+        self.copy_button.setAccessibleName("Copy code")
+        self.copy_button.setToolTip("Copy this code block")
+        self.copy_button.clicked.connect(self.copy)
+        hl.addWidget(self.lang_label)
+        hl.addStretch(1)
+        hl.addWidget(self.copy_button)
+        lay.addWidget(header)
+        self.view = QTextBrowser(self)
+        self.view.setObjectName("codeText")
+        self.view.setAccessibleName("Code")
+        self.view.setWordWrapMode(QTextOption.WrapMode.NoWrap)
+        self.view.setLineWrapMode(QTextBrowser.LineWrapMode.NoWrap)
+        self.view.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.view.setFrameShape(QFrame.Shape.NoFrame)
+        self.view.document().setDocumentMargin(10)
+        font = QGuiApplication.font()
+        font.setFamilies(["Menlo", "DejaVu Sans Mono", "Consolas", "monospace"])
+        font.setStyleHint(font.StyleHint.Monospace)
+        self.view.setFont(font)
+        lay.addWidget(self.view)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.code)
+        self.copy_button.setText("Copied")
+        self.copied.emit(self.code)
+
+    def set_code(self, code: str, lang: str, *, final: bool, tint: list | None = None) -> None:
+        self.code, self.lang = code, lang
+        self.lang_label.setText(lang or "code")
+        dark = current_colors().dark
+        if tint is not None:
+            body = tinted_html(code, tint, current_colors().draft_tint)
+            self.view.setHtml(f"<pre style='margin:0;'>{body}</pre>")
+        elif final:
+            self.view.setHtml(highlight_html(code, lang, dark=dark))
+            self._rendered_lines = -2
+        else:
+            # Streaming: re-highlight only when a line completes; the partial line stays plain.
+            done, _, partial = code.rpartition("\n")
+            n = code.count("\n")
+            if n != self._rendered_lines:
+                head = highlight_html(done, lang, dark=dark) if n else "<pre style='margin:0;'></pre>"
+                self._head_html = head[: -len("</pre>")] + ("\n" if n else "")
+                self._rendered_lines = n
+            self.view.setHtml(self._head_html + html.escape(partial) + "</pre>")
+        self._fit()
+
+    def _fit(self) -> None:
+        doc = self.view.document()
+        h = int(doc.size().height()) + 2
+        if doc.idealWidth() > self.view.viewport().width() > 0:
+            h += self.view.horizontalScrollBar().sizeHint().height()
+        self.view.setFixedHeight(h)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._fit()
+
+
+def _prose_label(parent: QWidget) -> QLabel:
+    label = QLabel(parent)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+    label.setOpenExternalLinks(True)
+    label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+    label.setAccessibleName("Message text")
+    return label
+
+
+class MarkdownFlow(QWidget):
+    """See the module docstring. ``base`` is where this flow's text starts in the message
+    (draft spans are absolute offsets in the message)."""
+
+    def __init__(self, parent: QWidget | None = None, *, tint: bool = False) -> None:
+        super().__init__(parent)
+        self.tint = tint
+        self._lay = QVBoxLayout(self)
+        self._lay.setContentsMargins(0, 0, 0, 0)
+        self._lay.setSpacing(8)
+        self._offset = 0                 # where the unstable region starts in the text
+        self._stable: list[QWidget] = []
+        self._tail: list[tuple[str, QWidget]] = []
+        self._tail_text: list[str] = []
+        self.renders = 0                 # block renders (the bench and tests read it)
+
+    @property
+    def stable_widgets(self) -> list[QWidget]:
+        return list(self._stable)
+
+    def block_widgets(self) -> list[QWidget]:
+        return self._stable + [w for _, w in self._tail]
+
+    def set_text(self, text: str, *, final: bool, spans: list | None = None, base: int = 0) -> None:
+        region = text[self._offset:]
+        blocks = split_blocks(region)
+        n_stable = stable_count(region, blocks, final=final)
+        for k, block in enumerate(blocks):
+            self._render(k, block, final=final or k < n_stable, spans=spans,
+                         base=base + self._offset)
+        for _, w in self._tail[len(blocks):]:
+            self._lay.removeWidget(w)
+            w.deleteLater()
+        del self._tail[len(blocks):]
+        del self._tail_text[len(blocks):]
+        if n_stable:
+            self._stable.extend(w for _, w in self._tail[:n_stable])
+            del self._tail[:n_stable]
+            del self._tail_text[:n_stable]
+            self._offset += blocks[n_stable].start if n_stable < len(blocks) else len(region)
+
+    def _render(self, k: int, block: Block, *, final: bool, spans: list | None, base: int) -> None:
+        key = f"{final}|{block.closed}|{block.lang}|{block.text}"
+        if k < len(self._tail) and self._tail[k][0] == block.kind:
+            if self._tail_text[k] == key:
+                return
+            w = self._tail[k][1]
+        else:
+            w = CodeBlock(self) if block.kind == "code" else _prose_label(self)
+            if k < len(self._tail):
+                old = self._tail[k][1]
+                self._lay.replaceWidget(old, w)
+                old.deleteLater()
+                self._tail[k] = (block.kind, w)
+                self._tail_text[k] = ""
+            else:
+                self._lay.addWidget(w)
+                self._tail.append((block.kind, w))
+                self._tail_text.append("")
+        self._tail_text[k] = key
+        self.renders += 1
+        tint = None
+        if self.tint and block.kind == "code":
+            a = base + block.body_start
+            tint = draft_spans_in(spans or [], a, a + len(block.text))
+        elif self.tint:
+            tint = draft_spans_in(spans or [], base + block.start, base + block.end)
+        if block.kind == "code":
+            w.set_code(block.text, block.lang, final=final and block.closed, tint=tint)
+        elif tint is not None:
+            w.setTextFormat(Qt.TextFormat.RichText)
+            w.setText(tinted_html(block.text, tint, current_colors().draft_tint))
+        else:
+            w.setTextFormat(Qt.TextFormat.MarkdownText)
+            w.setText(block.text)

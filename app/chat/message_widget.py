@@ -1,0 +1,176 @@
+"""One message on screen: a user bubble, or an assistant reply (think card, Markdown, stats).
+
+``MessageWidget.update_content`` may be called repeatedly while a reply streams; the think
+card and the Markdown flow below it update incrementally (see ``app.chat.flow``).
+Signals: ``edit_requested(msg_id)``, ``regenerate_requested(msg_id)``, ``copied(str)``.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+
+from app.chat.flow import MarkdownFlow
+from app.chat.markdown import split_think
+from app.chat.session import format_stats
+
+
+class ThinkCard(QFrame):
+    """The model's reasoning: "Thinking…" while it streams, then a collapsed "Thought for N s"."""
+
+    def __init__(self, parent: QWidget | None = None, *, tint: bool = False) -> None:
+        super().__init__(parent)
+        self.setObjectName("thinkCard")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 4, 10, 6)
+        lay.setSpacing(4)
+        self.toggle = QToolButton(self)
+        self.toggle.setObjectName("msgAction")
+        self.toggle.setCheckable(True)
+        self.toggle.setChecked(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow)
+        self.toggle.setText("Thinking…")
+        self.toggle.setAccessibleName("Show or hide the model's reasoning")
+        self.toggle.toggled.connect(self._on_toggled)
+        lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        self.flow = MarkdownFlow(self, tint=tint)
+        self.flow.setAccessibleName("Reasoning")
+        lay.addWidget(self.flow)
+        self._user_toggled = False
+        self._done = False
+
+    def _on_toggled(self, on: bool) -> None:
+        self.flow.setVisible(on)
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self._user_toggled = True
+        super().mousePressEvent(event)
+
+    def update_think(self, text: str, *, done: bool, seconds: float | None, final: bool,
+                     spans: list | None, base: int) -> None:
+        self.flow.set_text(text.strip("\n"), final=final or done, spans=spans, base=base)
+        if done and not self._done:
+            self._done = True
+            self.toggle.setText(f"Thought for {seconds:.0f} s" if seconds is not None else "Thoughts")
+            if not self._user_toggled:
+                self.toggle.setChecked(False)
+        elif not done and final:
+            self.toggle.setText("Thoughts (unfinished)")
+
+
+def _action(parent: QWidget, text: str, name: str, tip: str) -> QToolButton:
+    b = QToolButton(parent)
+    b.setObjectName("msgAction")
+    b.setText(text)
+    b.setAccessibleName(name)
+    b.setToolTip(tip)
+    b.setCursor(Qt.CursorShape.PointingHandCursor)
+    return b
+
+
+class MessageWidget(QFrame):
+    edit_requested = Signal(int)
+    regenerate_requested = Signal(int)
+    copied = Signal(str)
+
+    def __init__(self, msg_id: int, role: str, *, model_name: str | None = None,
+                 tint: bool = False, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.msg_id = msg_id
+        self.role = role
+        self.tint = tint
+        self.content = ""
+        self.setObjectName("userBubble" if role == "user" else "assistantBubble")
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        self._lay = QVBoxLayout(self)
+        self._lay.setContentsMargins(14, 8, 14, 8)
+        self._lay.setSpacing(6)
+        who = "You" if role == "user" else (model_name or "Assistant")
+        self.role_label = QLabel(who, self)
+        self.role_label.setObjectName("roleLabel")
+        self._lay.addWidget(self.role_label)
+        self.think: ThinkCard | None = None
+        self.body: QLabel | MarkdownFlow
+        if role == "user":
+            self.body = QLabel(self)
+            self.body.setWordWrap(True)
+            self.body.setTextFormat(Qt.TextFormat.PlainText)
+            self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.body.setAccessibleName("Your message")
+        else:
+            self.body = MarkdownFlow(self, tint=tint)
+            self.body.setAccessibleName("Reply")
+        self._lay.addWidget(self.body)
+        self.error_label = QLabel(self)
+        self.error_label.setObjectName("errorText")
+        self.error_label.setWordWrap(True)
+        self.error_label.hide()
+        self._lay.addWidget(self.error_label)
+        self._build_footer()
+        self.setAccessibleName("Your message" if role == "user" else "Assistant reply")
+
+    def _build_footer(self) -> None:
+        row = QHBoxLayout()
+        row.setSpacing(2)
+        self.stats_label = QLabel("", self)
+        self.stats_label.setObjectName("statsLine")
+        self.stats_label.setAccessibleName("Reply statistics")
+        self.copy_button = _action(self, "Copy", "Copy message", "Copy this message")
+        self.copy_button.clicked.connect(self.copy)
+        self.edit_button = _action(self, "Edit", "Edit message", "Edit this message and resend it")
+        self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.msg_id))
+        self.regen_button = _action(self, "Regenerate", "Regenerate reply", "Write this reply again")
+        self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.msg_id))
+        row.addWidget(self.stats_label, 1)
+        for b in (self.copy_button, self.edit_button, self.regen_button):
+            row.addWidget(b)
+        self.edit_button.setVisible(self.role == "user")
+        self.regen_button.setVisible(False)
+        self._lay.addLayout(row)
+
+    def copy(self) -> None:
+        text = split_think(self.content).answer if self.role == "assistant" else self.content
+        QGuiApplication.clipboard().setText(text.strip())
+        self.copied.emit(text)
+
+    def set_actions_enabled(self, *, edit: bool, regenerate: bool, regenerate_visible: bool) -> None:
+        self.edit_button.setEnabled(edit)
+        self.regen_button.setVisible(regenerate_visible and self.role == "assistant")
+        self.regen_button.setEnabled(regenerate)
+
+    def update_content(self, content: str, meta: dict, *, final: bool) -> None:
+        self.content = content
+        if self.role == "user":
+            self.body.setText(content)
+            return
+        spans = meta.get("draft_spans") or []
+        parts = split_think(content)
+        if parts.think is not None:
+            if self.think is None:
+                self.think = ThinkCard(self, tint=self.tint)
+                self._lay.insertWidget(1, self.think)
+            self.think.update_think(parts.think, done=parts.think_done, seconds=meta.get("think_s"),
+                                    final=final, spans=spans, base=parts.think_offset)
+        self.body.set_text(parts.answer, final=final, spans=spans, base=parts.answer_offset)
+        self.body.setVisible(bool(parts.answer) or parts.think is None)
+        self._update_footer(meta, final=final)
+
+    def _update_footer(self, meta: dict, *, final: bool) -> None:
+        status = meta.get("status")
+        if status == "error":
+            self.error_label.setText(f"⚠ {meta.get('error', 'The reply failed.')}")
+            self.error_label.show()
+            self.setObjectName("errorBubble")
+            self.style().unpolish(self)
+            self.style().polish(self)
+        line = format_stats(meta.get("stats")) if final else ""
+        if status == "streaming" or not final:
+            line = f"Generating… {meta.get('tokens', 0)} tokens"
+        elif status == "cancelled":
+            line = (line + " · stopped") if line else "Stopped"
+        elif status == "interrupted":
+            line = "Interrupted (the app closed while this reply was streaming)"
+        self.stats_label.setText(line)
+        self.copy_button.setEnabled(final)

@@ -1,0 +1,115 @@
+"""The model picker above the conversation: which model, is it loaded, can it speculate.
+
+Lists the embedded demo model, models installed under the models folder, and the current
+model; "Open model folder…" picks any folder. Signal: ``load_requested(str path)``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QWidget
+
+from app.paths import default_model_path, models_dir
+
+_OPEN = "__open__"
+
+
+def installed_models() -> list[Path]:
+    """Model folders (with a config.json) under the models folder, up to two levels deep."""
+    root = models_dir()
+    found = []
+    for cfg in sorted(root.glob("*/config.json")) + sorted(root.glob("*/*/config.json")):
+        found.append(cfg.parent)
+    return found
+
+
+def describe_capability(info) -> str:
+    if info is None:
+        return ""
+    if not info.has_mtp:
+        return "no MTP"
+    return f"MTP · ≤{info.max_depth} drafts"
+
+
+class ModelPicker(QWidget):
+    load_requested = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.combo = QComboBox(self)
+        self.combo.setAccessibleName("Model")
+        self.combo.setToolTip("The model this window chats with")
+        self.combo.setMinimumContentsLength(22)
+        self.combo.activated.connect(self._on_activated)
+        self.badge = QLabel("", self)
+        self.badge.setObjectName("mtpBadge")
+        self.badge.setAccessibleName("Model capability")
+        self.badge.hide()
+        self.progress = QProgressBar(self)
+        self.progress.setRange(0, 0)
+        self.progress.setMaximumWidth(120)
+        self.progress.setAccessibleName("Loading progress")
+        self.progress.hide()
+        self.status = QLabel("", self)
+        self.status.setObjectName("muted")
+        self.status.setAccessibleName("Model status")
+        lay.addWidget(self.combo)
+        lay.addWidget(self.badge)
+        lay.addWidget(self.progress)
+        lay.addWidget(self.status, 1)
+        self.current_path: str | None = None
+        self.info = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.combo.blockSignals(True)
+        self.combo.clear()
+        demo = default_model_path()
+        self.combo.addItem(f"Demo model ({demo.name})", str(demo))
+        for p in installed_models():
+            self.combo.addItem(p.name, str(p))
+        if self.current_path and self.combo.findData(self.current_path) < 0:
+            self.combo.addItem(Path(self.current_path).name, self.current_path)
+        self.combo.addItem("Open model folder…", _OPEN)
+        if self.current_path:
+            self.combo.setCurrentIndex(max(0, self.combo.findData(self.current_path)))
+        self.combo.blockSignals(False)
+
+    def _on_activated(self, index: int) -> None:
+        path = self.combo.itemData(index)
+        if path == _OPEN:
+            path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(models_dir()))
+            if not path:
+                self.refresh()
+                return
+        if path and path != self.current_path or self.info is None:
+            self.load_requested.emit(path)
+
+    def set_loading(self, path: str, text: str) -> None:
+        self.current_path = str(path)
+        self.info = None
+        self.refresh()
+        self.badge.hide()
+        self.progress.show()
+        self.status.setText(text)
+
+    def set_loaded(self, info) -> None:
+        self.info = info
+        self.current_path = info.path
+        self.refresh()
+        self.progress.hide()
+        self.badge.setText(describe_capability(info))
+        self.badge.setToolTip("Drafts tokens with its multi-token-prediction heads"
+                              if info.has_mtp else "No MTP heads: plain decoding only")
+        self.badge.show()
+        self.status.setText(info.name)
+
+    def set_failed(self, message: str) -> None:
+        self.info = None
+        self.progress.hide()
+        self.badge.hide()
+        self.status.setText(message)
+        self.status.setToolTip(message)

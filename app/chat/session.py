@@ -1,0 +1,315 @@
+"""The chat controller: turns user actions into worker requests and worker signals into
+persisted, coalesced message updates. Owns no widgets.
+
+Contract
+--------
+- One ``Stream`` per request id. Deltas are appended to the stream's pending buffer as they
+  arrive (cheap) and applied on a 40 ms timer that emits ``stream_updated(conv_id, msg_id)``;
+  the reply is written to SQLite at most every ``FLUSH_S`` seconds and on finish, so a crash or
+  a quit loses at most the last half second.
+- Deltas of a request the user stopped (or of any unknown request) are dropped; its
+  ``finished``/``failed`` still finalises the message it was writing into.
+- A stream always writes into its own conversation, whatever conversation is on screen.
+- Only one request generates at a time (``busy``); a stopped one may still be finishing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from itertools import count
+
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
+
+from app.chat.markdown import THINK_CLOSE, THINK_OPEN, strip_think
+from app.chat.settings import ChatSettings
+from app.db import ChatStore
+from app.worker import GenerationRequest, Worker
+
+log = logging.getLogger(__name__)
+
+TICK_MS = 40
+FLUSH_S = 0.5
+_request_ids = count(1)
+
+
+@dataclass
+class Stream:
+    """A reply being written: text so far (``content``), draft spans, timing, status."""
+
+    request_id: int
+    conv_id: int
+    msg_id: int
+    meta: dict
+    content: str = ""
+    pending: list[str] = field(default_factory=list)
+    spans: list[list[int]] = field(default_factory=list)
+    pending_len: int = 0
+    tokens: int = 0
+    cycles: int = 0
+    got_prefill: bool = False
+    stop_requested: bool = False
+    t_start: float = field(default_factory=time.monotonic)
+    t_first: float | None = None
+    think_t0: float | None = None
+    last_flush: float = field(default_factory=time.monotonic)
+    dirty: bool = False
+
+    def add_delta(self, text: str, n_tokens: int, flags: list) -> None:
+        """Queue ``text``; tint the share of it that came from accepted drafts."""
+        base = len(self.content) + self.pending_len
+        if flags and text:
+            per = len(text) / max(1, n_tokens)
+            run_start = None
+            for i, f in enumerate(list(flags) + [False]):
+                if f and run_start is None:
+                    run_start = i
+                elif not f and run_start is not None:
+                    a, b = base + round(run_start * per), base + round(i * per)
+                    if b > a:
+                        if self.spans and self.spans[-1][1] == a:
+                            self.spans[-1][1] = b
+                        else:
+                            self.spans.append([a, b])
+                    run_start = None
+        self.pending.append(text)
+        self.pending_len += len(text)
+        self.tokens += n_tokens
+        if n_tokens and self.t_first is None:
+            self.t_first = time.monotonic()
+
+    def apply_pending(self) -> bool:
+        if not self.pending:
+            return False
+        old = len(self.content)
+        self.content += "".join(self.pending)
+        self.pending.clear()
+        self.pending_len = 0
+        self._track_think(old)
+        self.dirty = True
+        return True
+
+    def _track_think(self, old_len: int) -> None:
+        now = time.monotonic()
+        if self.think_t0 is None and self.content.lstrip().startswith(THINK_OPEN):
+            self.think_t0 = self.t_first or now
+        if (self.think_t0 is not None and "think_s" not in self.meta
+                and self.content.find(THINK_CLOSE, max(0, old_len - len(THINK_CLOSE))) >= 0):
+            self.meta["think_s"] = round(now - self.think_t0, 2)
+
+    def live_meta(self) -> dict:
+        meta = dict(self.meta)
+        meta["draft_spans"] = self.spans
+        meta["tokens"] = self.tokens
+        return meta
+
+
+def format_stats(summary: dict | None) -> str:
+    """The line under a reply: tok/s, time to first token, tokens, tokens per cycle."""
+    if not summary:
+        return ""
+    parts = []
+    if summary.get("tokens_per_s"):
+        parts.append(f"{summary['tokens_per_s']:.1f} tok/s")
+    if summary.get("ttft_s") is not None:
+        parts.append(f"TTFT {summary['ttft_s']:.2f} s")
+    parts.append(f"{summary.get('tokens', 0)} tokens")
+    if summary.get("cycles"):
+        tpc = summary.get("tokens_per_cycle", 0.0)
+        apc = summary.get("accepted_per_cycle", 0.0)
+        depth = summary.get("depth", 0)
+        if depth:
+            parts.append(f"{tpc:.2f} tok/cycle ({apc:.2f} accepted, depth {depth})")
+        else:
+            parts.append("no speculation")
+    return " · ".join(parts)
+
+
+def make_title(text: str, limit: int = 48) -> str:
+    line = " ".join(text.strip().split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+class ChatSession(QObject):
+    """Signals: ``stream_updated(conv_id, msg_id)``, ``stream_finished(conv_id, msg_id, status)``,
+    ``busy_changed(bool)``, ``conversations_changed()``, ``messages_changed(conv_id)``."""
+
+    stream_updated = Signal(int, int)
+    stream_finished = Signal(int, int, str)
+    busy_changed = Signal(bool)
+    conversations_changed = Signal()
+    messages_changed = Signal(int)
+
+    def __init__(self, store: ChatStore, worker: Worker, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.worker = worker
+        self.model_info = None
+        self.defaults = ChatSettings()
+        self.streams: dict[int, Stream] = {}
+        self.dropped_deltas = 0
+        self._timer = QTimer(self)
+        self._timer.setInterval(TICK_MS)
+        self._timer.timeout.connect(self.on_tick)
+        worker.delta.connect(self.on_delta)
+        worker.stats.connect(self.on_stats)
+        worker.finished.connect(self.on_finished)
+        worker.failed.connect(self.on_failed)
+
+    # -- queries -----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return any(not s.stop_requested for s in self.streams.values())
+
+    def active_stream(self) -> Stream | None:
+        for s in self.streams.values():
+            if not s.stop_requested:
+                return s
+        return None
+
+    def stream_for_message(self, msg_id: int) -> Stream | None:
+        for s in self.streams.values():
+            if s.msg_id == msg_id:
+                return s
+        return None
+
+    def settings_for(self, conv_id: int) -> ChatSettings:
+        conv = self.store.conversation(conv_id)
+        return ChatSettings.from_dict(conv.settings if conv else None, base=self.defaults)
+
+    # -- user actions ---------------------------------------------------------------------------
+    def new_conversation(self) -> int:
+        conv_id = self.store.create_conversation(settings=self.defaults.to_dict())
+        self.conversations_changed.emit()
+        return conv_id
+
+    def send(self, conv_id: int, text: str) -> int:
+        """Append a user message and start its reply; returns the request id."""
+        conv = self.store.conversation(conv_id)
+        if conv is not None and conv.title == "New chat":
+            self.store.rename_conversation(conv_id, make_title(text))
+        self.store.add_message(conv_id, "user", text)
+        return self._start_reply(conv_id)
+
+    def regenerate(self, conv_id: int, msg_id: int) -> int:
+        """Replace assistant message ``msg_id`` (and anything after it) with a new reply."""
+        self.store.delete_messages_from(conv_id, msg_id)
+        return self._start_reply(conv_id)
+
+    def edit_and_resend(self, conv_id: int, msg_id: int, text: str) -> int:
+        """Replace user message ``msg_id`` by ``text``, drop every later message, reply again."""
+        self.store.delete_messages_from(conv_id, msg_id)
+        self.store.add_message(conv_id, "user", text)
+        return self._start_reply(conv_id)
+
+    def stop(self) -> None:
+        for s in self.streams.values():
+            if not s.stop_requested:
+                s.stop_requested = True
+                self.worker.cancel(s.request_id)
+        self.busy_changed.emit(self.busy)
+
+    def history(self, conv_id: int, settings: ChatSettings) -> list[dict]:
+        msgs = []
+        if settings.system_prompt.strip():
+            msgs.append({"role": "system", "content": settings.system_prompt})
+        for m in self.store.messages(conv_id):
+            content = strip_think(m.content) if m.role == "assistant" else m.content
+            if m.role == "assistant" and not content.strip():
+                continue
+            msgs.append({"role": m.role, "content": content})
+        return msgs
+
+    def _start_reply(self, conv_id: int) -> int:
+        settings = self.settings_for(conv_id)
+        messages = self.history(conv_id, settings)
+        rid = next(_request_ids)
+        thinking = settings.thinking if getattr(self.model_info, "supports_thinking", False) else None
+        meta = {"status": "streaming", "model": getattr(self.model_info, "name", None),
+                "request_id": rid}
+        msg_id = self.store.add_message(conv_id, "assistant", "", meta=meta)
+        self.streams[rid] = Stream(rid, conv_id, msg_id, meta)
+        req = GenerationRequest(
+            request_id=rid, messages=tuple(messages), max_tokens=settings.max_tokens,
+            depth=settings.depth_for(self.model_info), sampling=settings.sampling(),
+            enable_thinking=thinking)
+        self.worker.submit(req)
+        self._timer.start()
+        self.messages_changed.emit(conv_id)
+        self.conversations_changed.emit()
+        self.busy_changed.emit(True)
+        return rid
+
+    # -- worker signals ------------------------------------------------------------------------
+    @Slot(int, str, object, object)
+    def on_delta(self, request_id: int, text: str, token_ids: list, from_draft: list) -> None:
+        s = self.streams.get(request_id)
+        if s is None or s.stop_requested:
+            self.dropped_deltas += 1
+            return
+        s.add_delta(text, len(token_ids), from_draft)
+
+    @Slot(int, object)
+    def on_stats(self, request_id: int, obj: object) -> None:
+        s = self.streams.get(request_id)
+        if s is None:
+            return
+        if hasattr(obj, "prompt_tokens"):
+            s.got_prefill = True
+        else:
+            s.cycles += 1
+
+    @Slot()
+    def on_tick(self) -> None:
+        now = time.monotonic()
+        for s in list(self.streams.values()):
+            if s.apply_pending():
+                self.stream_updated.emit(s.conv_id, s.msg_id)
+            if s.dirty and now - s.last_flush >= FLUSH_S:
+                self._flush(s)
+        if not self.streams:
+            self._timer.stop()
+
+    def _flush(self, s: Stream) -> None:
+        self.store.update_message(s.msg_id, content=s.content, meta=s.live_meta())
+        s.last_flush = time.monotonic()
+        s.dirty = False
+
+    @Slot(int, str, dict)
+    def on_finished(self, request_id: int, reason: str, summary: dict) -> None:
+        s = self.streams.pop(request_id, None)
+        if s is None:
+            return
+        if not s.stop_requested:
+            s.apply_pending()
+        s.meta["status"] = "cancelled" if reason == "cancelled" else "done"
+        s.meta["finish_reason"] = reason
+        s.meta["stats"] = summary
+        self._finalize(s)
+
+    @Slot(int, str)
+    def on_failed(self, request_id: int, message: str) -> None:
+        s = self.streams.pop(request_id, None)
+        if s is None:
+            return
+        s.apply_pending()
+        s.meta["status"] = "error"
+        s.meta["error"] = message
+        self._finalize(s)
+
+    def _finalize(self, s: Stream) -> None:
+        self._flush(s)
+        self.store.touch(s.conv_id)
+        self.stream_finished.emit(s.conv_id, s.msg_id, s.meta["status"])
+        self.busy_changed.emit(self.busy)
+        if not self.streams:
+            self._timer.stop()
+
+    def shutdown(self) -> None:
+        """Save every stream as it stands (called before the worker is stopped)."""
+        for s in list(self.streams.values()):
+            s.apply_pending()
+            s.meta["status"] = "interrupted"
+            self._flush(s)
+        self.streams.clear()
+        self._timer.stop()

@@ -1,0 +1,71 @@
+"""Per-chat generation settings and the app-wide defaults they start from (plain data)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from engine.types import SamplingParams
+
+DEPTH_CHOICES: tuple[int | str, ...] = ("auto", 0, 1, 2, 3, 4, 5, 6)
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What one conversation generates with. ``depth`` is "auto" or 0..6 (0 = no speculation)."""
+
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_tokens: int = 2048
+    depth: int | str = "auto"
+    thinking: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=max(0.0, self.temperature),
+                              top_p=min(1.0, max(0.01, self.top_p)), top_k=max(0, self.top_k))
+
+    def depth_for(self, info) -> int | str:
+        """The depth to request from a model: no MTP means 0; fixed depths capped at its max."""
+        if info is None or not getattr(info, "has_mtp", False):
+            return 0
+        if self.depth == "auto":
+            return "auto"
+        return max(0, min(int(self.depth), int(info.max_depth or 0)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None, *, base: ChatSettings | None = None) -> ChatSettings:
+        """Tolerant: unknown keys are ignored, bad values fall back to ``base`` (or defaults)."""
+        out = base or cls()
+        if not data:
+            return out
+        known = {f.name: f for f in fields(cls)}
+        clean = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            default = getattr(out, key)
+            try:
+                clean[key] = _coerce(key, value, default)
+            except (TypeError, ValueError):
+                continue
+        return replace(out, **clean)
+
+
+def _coerce(key: str, value, default):
+    if key == "depth":
+        if value == "auto":
+            return "auto"
+        v = int(value)
+        if not 0 <= v <= 6:
+            raise ValueError(key)
+        return v
+    if isinstance(default, bool):
+        return bool(value)
+    if isinstance(default, int):
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    return str(value)

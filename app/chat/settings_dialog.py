@@ -1,0 +1,209 @@
+"""Settings UI: the per-chat side panel and the app-wide defaults dialog (Ctrl+,).
+
+Both use ``SettingsForm`` (system prompt, temperature, top-p, top-k, max tokens, depth,
+thinking). The form knows what the loaded model can do: no MTP heads -> depth fixed at 0;
+no ``enable_thinking`` in its chat template -> thinking toggle disabled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat.settings import DEPTH_CHOICES, ChatSettings
+from app.chat.theme import THEME_MODES
+
+
+def _depth_label(d: int | str) -> str:
+    return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(d, f"{d} draft tokens")
+
+
+class SettingsForm(QWidget):
+    """Edits a ``ChatSettings``; emits ``changed()`` on every edit."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        self.system_prompt = QPlainTextEdit(self)
+        self.system_prompt.setPlaceholderText("You are a helpful assistant.")
+        self.system_prompt.setAccessibleName("System prompt")
+        self.system_prompt.setFixedHeight(90)
+        self.temperature = self._dspin(0.0, 2.0, 0.05, "Temperature")
+        self.top_p = self._dspin(0.01, 1.0, 0.05, "Top-p")
+        self.top_k = QSpinBox(self, minimum=0, maximum=1000)
+        self.top_k.setAccessibleName("Top-k")
+        self.top_k.setSpecialValueText("off")
+        self.max_tokens = QSpinBox(self, minimum=16, maximum=131072, singleStep=256)
+        self.max_tokens.setAccessibleName("Maximum tokens")
+        self.depth = QComboBox(self)
+        self.depth.setAccessibleName("Speculation depth")
+        for d in DEPTH_CHOICES:
+            self.depth.addItem(_depth_label(d), d)
+        self.thinking = QCheckBox("Let the model think first", self)
+        self.thinking.setAccessibleName("Thinking")
+        form.addRow("System prompt", self.system_prompt)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Speculation depth", self.depth)
+        form.addRow("Thinking", self.thinking)
+        self.capability_note = QLabel("", self)
+        self.capability_note.setObjectName("muted")
+        self.capability_note.setWordWrap(True)
+        form.addRow(self.capability_note)
+        self.system_prompt.textChanged.connect(self.changed)
+        for w in (self.temperature, self.top_p):
+            w.valueChanged.connect(self.changed)
+        for w in (self.top_k, self.max_tokens):
+            w.valueChanged.connect(self.changed)
+        self.depth.currentIndexChanged.connect(self.changed)
+        self.thinking.toggled.connect(self.changed)
+
+    def _dspin(self, lo: float, hi: float, step: float, name: str) -> QDoubleSpinBox:
+        w = QDoubleSpinBox(self, minimum=lo, maximum=hi, singleStep=step, decimals=2)
+        w.setAccessibleName(name)
+        return w
+
+    def set_settings(self, s: ChatSettings) -> None:
+        widgets = (self.system_prompt, self.temperature, self.top_p, self.top_k,
+                   self.max_tokens, self.depth, self.thinking)
+        for w in widgets:
+            w.blockSignals(True)
+        try:
+            self.system_prompt.setPlainText(s.system_prompt)
+            self.temperature.setValue(s.temperature)
+            self.top_p.setValue(s.top_p)
+            self.top_k.setValue(s.top_k)
+            self.max_tokens.setValue(s.max_tokens)
+            idx = self.depth.findData(s.depth)
+            self.depth.setCurrentIndex(max(0, idx))
+            self.thinking.setChecked(s.thinking)
+        finally:
+            for w in widgets:
+                w.blockSignals(False)
+
+    def settings(self) -> ChatSettings:
+        return ChatSettings(
+            system_prompt=self.system_prompt.toPlainText(), temperature=self.temperature.value(),
+            top_p=self.top_p.value(), top_k=self.top_k.value(), max_tokens=self.max_tokens.value(),
+            depth=self.depth.currentData(), thinking=self.thinking.isChecked())
+
+    def set_model_info(self, info) -> None:
+        has_mtp = bool(getattr(info, "has_mtp", False))
+        thinks = bool(getattr(info, "supports_thinking", False))
+        self.depth.setEnabled(info is None or has_mtp)
+        self.thinking.setEnabled(info is None or thinks)
+        notes = []
+        if info is not None and not has_mtp:
+            notes.append("This model has no MTP heads: it decodes one token at a time.")
+        elif info is not None:
+            notes.append(f"This model can draft up to {info.max_depth} tokens per cycle.")
+        if info is not None and not thinks:
+            notes.append("Its chat template has no thinking switch.")
+        self.capability_note.setText(" ".join(notes))
+
+
+class ChatSettingsPanel(QWidget):
+    """Per-chat settings beside the conversation; ``settings_changed(ChatSettings)``."""
+
+    settings_changed = Signal(object)
+    reset_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setAccessibleName("Chat settings")
+        self.setMinimumWidth(260)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        title = QLabel("<b>This chat</b>", self)
+        lay.addWidget(title)
+        self.form = SettingsForm(self)
+        self.form.changed.connect(lambda: self.settings_changed.emit(self.form.settings()))
+        lay.addWidget(self.form)
+        reset = QPushButton("Reset to defaults", self)
+        reset.setAccessibleName("Reset chat settings to defaults")
+        reset.clicked.connect(self.reset_requested)
+        lay.addWidget(reset)
+        lay.addStretch(1)
+
+
+@dataclass(frozen=True)
+class AppPreferences:
+    theme: str = "system"
+    font_size: int = 0          # 0: the platform default
+    show_speculation: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> AppPreferences:
+        d = d or {}
+        theme = d.get("theme", "system")
+        return cls(theme=theme if theme in THEME_MODES else "system",
+                   font_size=int(d.get("font_size", 0) or 0),
+                   show_speculation=bool(d.get("show_speculation", False)))
+
+
+class DefaultsDialog(QDialog):
+    """App-wide defaults for new chats, plus appearance."""
+
+    def __init__(self, defaults: ChatSettings, prefs: AppPreferences, info=None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setAccessibleName("Settings")
+        lay = QVBoxLayout(self)
+        box = QGroupBox("Defaults for new chats", self)
+        bl = QVBoxLayout(box)
+        self.form = SettingsForm(box)
+        self.form.set_settings(defaults)
+        self.form.set_model_info(info)
+        bl.addWidget(self.form)
+        lay.addWidget(box)
+        look = QGroupBox("Appearance", self)
+        fl = QFormLayout(look)
+        self.theme = QComboBox(look)
+        self.theme.setAccessibleName("Theme")
+        for mode in THEME_MODES:
+            self.theme.addItem({"system": "Follow the system", "light": "Light", "dark": "Dark"}[mode], mode)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(prefs.theme)))
+        self.font_size = QSpinBox(look, minimum=0, maximum=32)
+        self.font_size.setSpecialValueText("default")
+        self.font_size.setValue(prefs.font_size)
+        self.font_size.setAccessibleName("Font size")
+        self.show_speculation = QCheckBox("Tint text that came from accepted drafts", look)
+        self.show_speculation.setChecked(prefs.show_speculation)
+        self.show_speculation.setAccessibleName("Show speculation")
+        fl.addRow("Theme", self.theme)
+        fl.addRow("Font size", self.font_size)
+        fl.addRow("Speculation", self.show_speculation)
+        lay.addWidget(look)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel, self)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay.addWidget(buttons)
+
+    def defaults(self) -> ChatSettings:
+        return self.form.settings()
+
+    def preferences(self) -> AppPreferences:
+        return AppPreferences(theme=self.theme.currentData(), font_size=self.font_size.value(),
+                              show_speculation=self.show_speculation.isChecked())

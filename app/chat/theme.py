@@ -1,0 +1,121 @@
+"""Light and dark themes. "system" follows the OS colour scheme; "light"/"dark" force one.
+
+Colours of the chat's own widgets (bubbles, code blocks, think cards, the speculation tint)
+derive from the application palette, so they follow whatever the platform style provides;
+where the platform cannot switch schemes (offscreen, some Linux styles) a built-in palette is
+installed instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+THEME_MODES = ("system", "light", "dark")
+
+
+@dataclass(frozen=True)
+class Colors:
+    dark: bool
+    window: str
+    text: str
+    muted: str
+    user_bubble: str
+    assistant_bubble: str
+    border: str
+    code_bg: str
+    code_header: str
+    think_bg: str
+    accent: str
+    draft_tint: str
+    error: str
+
+
+def palette_is_dark(pal: QPalette | None = None) -> bool:
+    pal = pal or QGuiApplication.palette()
+    return pal.color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def current_colors() -> Colors:
+    pal = QGuiApplication.palette()
+    dark = palette_is_dark(pal)
+    text = pal.color(QPalette.ColorRole.WindowText)
+    window = pal.color(QPalette.ColorRole.Window)
+    accent = pal.color(QPalette.ColorRole.Highlight)
+    if dark:
+        return Colors(True, window.name(), text.name(), "#9aa0a6", "#2b3a55", "#26282b",
+                      "#3c4043", "#1b1d1f", "#2f3336", "#23262a", accent.name(),
+                      "rgba(76, 175, 80, 0.35)", "#f28b82")
+    return Colors(False, window.name(), text.name(), "#5f6368", "#dbe8fb", "#ffffff",
+                  "#d5d8dc", "#f6f8fa", "#eaedf0", "#f3f0fa", accent.name(),
+                  "rgba(76, 175, 80, 0.28)", "#c5221f")
+
+
+def _dark_palette() -> QPalette:
+    p = QPalette()
+    roles = QPalette.ColorRole
+    for role, color in (
+        (roles.Window, "#202124"), (roles.WindowText, "#e8eaed"), (roles.Base, "#17181a"),
+        (roles.AlternateBase, "#2a2b2e"), (roles.Text, "#e8eaed"), (roles.Button, "#2d2e31"),
+        (roles.ButtonText, "#e8eaed"), (roles.ToolTipBase, "#303134"),
+        (roles.ToolTipText, "#e8eaed"), (roles.Highlight, "#4f8ff7"),
+        (roles.HighlightedText, "#ffffff"), (roles.Link, "#8ab4f8"),
+        (roles.PlaceholderText, "#9aa0a6"), (roles.BrightText, "#ffffff"),
+        (roles.Mid, "#3c4043"), (roles.Dark, "#111214"), (roles.Light, "#3c4043"),
+    ):
+        p.setColor(role, QColor(color))
+    for role in (roles.WindowText, roles.Text, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor("#6f7378"))
+    return p
+
+
+def apply_theme(mode: str, app: QApplication | None = None) -> bool:
+    """Apply ``mode`` ("system", "light" or "dark"); returns whether the result is dark."""
+    app = app or QApplication.instance()
+    hints = app.styleHints()
+    if mode == "system":
+        if hasattr(hints, "unsetColorScheme"):
+            hints.unsetColorScheme()
+        app.setPalette(app.style().standardPalette())
+        return palette_is_dark()
+    want_dark = mode == "dark"
+    if hasattr(hints, "setColorScheme"):
+        hints.setColorScheme(Qt.ColorScheme.Dark if want_dark else Qt.ColorScheme.Light)
+    pal = app.style().standardPalette()
+    if palette_is_dark(pal) != want_dark:
+        pal = _dark_palette() if want_dark else _light_palette()
+    app.setPalette(pal)
+    return want_dark
+
+
+def _light_palette() -> QPalette:
+    p = QPalette(QColor("#efefef"))
+    p.setColor(QPalette.ColorRole.Base, QColor("#ffffff"))
+    p.setColor(QPalette.ColorRole.Text, QColor("#202124"))
+    p.setColor(QPalette.ColorRole.WindowText, QColor("#202124"))
+    return p
+
+
+def stylesheet(c: Colors) -> str:
+    """The chat widgets' style sheet (selectors are object names set by the widgets)."""
+    return f"""
+    QFrame#userBubble {{ background: {c.user_bubble}; border-radius: 12px; }}
+    QFrame#assistantBubble {{ background: {c.assistant_bubble}; border: 1px solid {c.border};
+        border-radius: 12px; }}
+    QFrame#errorBubble {{ border: 1px solid {c.error}; border-radius: 12px; }}
+    QFrame#codeBlock {{ background: {c.code_bg}; border: 1px solid {c.border}; border-radius: 8px; }}
+    QWidget#codeHeader {{ background: {c.code_header}; border-top-left-radius: 8px;
+        border-top-right-radius: 8px; }}
+    QTextBrowser#codeText {{ background: {c.code_bg}; border: none; }}
+    QFrame#thinkCard {{ background: {c.think_bg}; border: 1px solid {c.border}; border-radius: 8px; }}
+    QLabel#muted, QLabel#statsLine, QLabel#roleLabel {{ color: {c.muted}; }}
+    QLabel#errorText {{ color: {c.error}; }}
+    QWidget#conversationCanvas {{ background: {c.window}; }}
+    QToolButton#msgAction {{ border: none; color: {c.muted}; padding: 2px 6px; }}
+    QToolButton#msgAction:hover {{ color: {c.text}; }}
+    QFrame#undoBar {{ background: {c.code_header}; border-radius: 6px; }}
+    QLabel#mtpBadge {{ border: 1px solid {c.accent}; color: {c.accent}; border-radius: 8px;
+        padding: 1px 6px; }}
+    """

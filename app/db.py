@@ -1,0 +1,235 @@
+"""Chat persistence: one SQLite file (WAL) with a versioned schema.
+
+Contract: the schema version lives in ``PRAGMA user_version``; ``MIGRATIONS[i]`` upgrades
+version ``i`` to ``i + 1`` inside one transaction, so a file written by an older release is
+upgraded in place and never rewritten wholesale. Conversations are soft-deleted first
+(``deleted_at``) so the UI can undo; ``purge_deleted`` removes them for good.
+Messages carry ``meta`` (JSON: status, stats, think seconds, draft spans...). Used from the UI
+thread only.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    # Not executescript(): it would COMMIT the migration's transaction halfway.
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _v0_to_v1(db: sqlite3.Connection) -> None:
+    _run_script(db, """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL DEFAULT 'New chat',
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            settings TEXT NOT NULL DEFAULT '{}',
+            deleted_at REAL
+        );
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            meta TEXT NOT NULL DEFAULT '{}'
+        );
+        CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+        CREATE INDEX conversations_by_use ON conversations(updated_at);
+        CREATE TABLE app_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1]
+
+
+class SchemaTooNewError(RuntimeError):
+    """The file was written by a newer MTP Chat; we refuse to touch it."""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    settings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: int
+    role: str
+    content: str
+    created_at: float
+    meta: dict = field(default_factory=dict)
+
+
+class ChatStore:
+    """CRUD over conversations and messages. Every write commits immediately."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"{self.path} uses schema {version}; this MTP Chat understands up to "
+                f"{SCHEMA_VERSION}. Update the app (your chats were left untouched).")
+        for v in range(version, SCHEMA_VERSION):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                MIGRATIONS[v](self._db)
+                self._db.execute(f"PRAGMA user_version = {v + 1}")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # -- conversations ---------------------------------------------------------------------
+    def create_conversation(self, *, title: str = "New chat", settings: dict | None = None) -> int:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO conversations (title, created_at, updated_at, settings) VALUES (?,?,?,?)",
+            (title, now, now, json.dumps(settings or {})))
+        return int(cur.lastrowid)
+
+    def conversation(self, conv_id: int) -> Conversation | None:
+        row = self._db.execute("SELECT * FROM conversations WHERE id=? AND deleted_at IS NULL",
+                               (conv_id,)).fetchone()
+        return _conv(row) if row else None
+
+    def conversations(self, *, search: str = "") -> list[Conversation]:
+        """Live conversations, most recently used first; ``search`` matches titles and text."""
+        if not search.strip():
+            rows = self._db.execute(
+                "SELECT * FROM conversations WHERE deleted_at IS NULL "
+                "ORDER BY updated_at DESC, id DESC").fetchall()
+            return [_conv(r) for r in rows]
+        pattern = "%" + _escape_like(search.strip()) + "%"
+        rows = self._db.execute(
+            "SELECT * FROM conversations c WHERE c.deleted_at IS NULL AND ("
+            " c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+            " WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\'))"
+            " ORDER BY c.updated_at DESC, c.id DESC", (pattern, pattern)).fetchall()
+        return [_conv(r) for r in rows]
+
+    def rename_conversation(self, conv_id: int, title: str) -> None:
+        self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conv_id))
+
+    def set_conversation_settings(self, conv_id: int, settings: dict) -> None:
+        self._db.execute("UPDATE conversations SET settings=? WHERE id=?",
+                         (json.dumps(settings), conv_id))
+
+    def touch(self, conv_id: int) -> None:
+        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (time.time(), conv_id))
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Soft delete: hidden everywhere until ``undelete_conversation`` or ``purge_deleted``."""
+        self._db.execute("UPDATE conversations SET deleted_at=? WHERE id=?", (time.time(), conv_id))
+
+    def undelete_conversation(self, conv_id: int) -> None:
+        self._db.execute("UPDATE conversations SET deleted_at=NULL WHERE id=?", (conv_id,))
+
+    def purge_deleted(self) -> int:
+        cur = self._db.execute("DELETE FROM conversations WHERE deleted_at IS NOT NULL")
+        return cur.rowcount
+
+    def erase_conversation(self, conv_id: int) -> None:
+        """Permanent delete (the self-test cleans up after itself with this)."""
+        self._db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
+
+    # -- messages --------------------------------------------------------------------------
+    def add_message(self, conv_id: int, role: str, content: str, *,
+                    meta: dict | None = None) -> int:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created_at, meta) "
+            "VALUES (?,?,?,?,?)", (conv_id, role, content, now, json.dumps(meta or {})))
+        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conv_id))
+        return int(cur.lastrowid)
+
+    def update_message(self, msg_id: int, *, content: str | None = None,
+                       meta: dict | None = None) -> None:
+        if content is not None:
+            self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, msg_id))
+        if meta is not None:
+            self._db.execute("UPDATE messages SET meta=? WHERE id=?", (json.dumps(meta), msg_id))
+
+    def message(self, msg_id: int) -> Message | None:
+        row = self._db.execute("SELECT * FROM messages WHERE id=?", (msg_id,)).fetchone()
+        return _msg(row) if row else None
+
+    def messages(self, conv_id: int) -> list[Message]:
+        rows = self._db.execute("SELECT * FROM messages WHERE conversation_id=? ORDER BY id",
+                                (conv_id,)).fetchall()
+        return [_msg(r) for r in rows]
+
+    def delete_messages_from(self, conv_id: int, msg_id: int) -> int:
+        """Delete ``msg_id`` and every later message of the conversation; returns the count."""
+        cur = self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?",
+                               (conv_id, msg_id))
+        return cur.rowcount
+
+    def mark_interrupted(self) -> int:
+        """Replies left 'streaming' by a crash become 'interrupted' (their text is kept)."""
+        rows = self._db.execute("SELECT id, meta FROM messages WHERE meta LIKE '%streaming%'")
+        n = 0
+        for row in rows.fetchall():
+            meta = json.loads(row["meta"])
+            if meta.get("status") == "streaming":
+                meta["status"] = "interrupted"
+                self.update_message(row["id"], meta=meta)
+                n += 1
+        return n
+
+    # -- app settings ----------------------------------------------------------------------
+    def get_setting(self, key: str, default=None):
+        row = self._db.execute("SELECT value FROM app_settings WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    def set_setting(self, key: str, value) -> None:
+        self._db.execute("INSERT INTO app_settings (key, value) VALUES (?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                         (key, json.dumps(value)))
+
+
+def _escape_like(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _conv(row: sqlite3.Row) -> Conversation:
+    return Conversation(id=row["id"], title=row["title"], created_at=row["created_at"],
+                        updated_at=row["updated_at"], settings=json.loads(row["settings"] or "{}"))
+
+
+def _msg(row: sqlite3.Row) -> Message:
+    return Message(id=row["id"], conversation_id=row["conversation_id"], role=row["role"],
+                   content=row["content"], created_at=row["created_at"],
+                   meta=json.loads(row["meta"] or "{}"))

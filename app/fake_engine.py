@@ -1,0 +1,173 @@
+"""A scripted stand-in for ``engine.Model``: same interface, no weights, deterministic output.
+
+Used by the app's tests, by ``python -m app.bench_ui`` and by the self-test when
+``MTPCHAT_SELFTEST_FAKE=1``. It implements what the worker relies on:
+
+- ``FakeModel.info`` (an ``engine.types.ModelInfo``), ``chat_ids(messages, enable_thinking=...)``
+  (no tokenizer: one id per character of a rendered transcript), and
+  ``generate(prompt_ids, *, max_tokens, depth, sampling, seed, cancel, stop_strings)`` yielding
+  ``engine.types.Event`` objects with ``PrefillStats`` first, ``CycleStats`` per cycle and a
+  ``finish_reason`` on the last one.
+- The reply is a script (Markdown with a code block, optionally a ``<think>`` section) cut into
+  "tokens" of a few characters, emitted at ``tokens_per_second``; each cycle emits between one
+  and ``depth + 1`` tokens, the first ones flagged as accepted drafts.
+- ``fail_after`` raises ``error`` after that many tokens; ``cancel`` is checked every cycle.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+from engine.types import CycleStats, Event, ModelInfo, PrefillStats, SamplingParams
+
+DEFAULT_SCRIPT = """Here is a short answer with **Markdown** and a code block.
+
+1. It streams token by token.
+2. Code blocks are highlighted:
+
+```python
+def fib(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+```
+
+That's all — `fib(10)` returns *55*.
+"""
+
+THINK_SCRIPT = ("<think>\nThe user wants an example. I will show a small Python function and "
+                "explain it briefly.\n</think>\n\n")
+
+
+def fake_model_info(path: str = "fake://model", *, supports_thinking: bool = True,
+                    has_mtp: bool = True, max_depth: int = 3) -> ModelInfo:
+    return ModelInfo(
+        path=path, name="fake-mtp-model", architecture="Qwen3_5ForCausalLM", family="qwen3_5",
+        layout="mlx", num_parameters=1_000_000, bytes_on_disk=4_000_000, quantization=None,
+        has_mtp=has_mtp, mtp_layers=1 if has_mtp else 0, max_depth=max_depth if has_mtp else 0,
+        context_length=32768, vocab_size=256, hidden_size=64, num_layers=2, dtype="float32",
+        eos_token_ids=(0,), supports_thinking=supports_thinking)
+
+
+def split_tokens(text: str, *, size: int = 4) -> list[str]:
+    """Cut ``text`` into pseudo-tokens of at most ``size`` characters (words kept together)."""
+    out: list[str] = []
+    cur = ""
+    for ch in text:
+        cur += ch
+        if len(cur) >= size or ch in " \n":
+            out.append(cur)
+            cur = ""
+    if cur:
+        out.append(cur)
+    return out
+
+
+@dataclass
+class FakeModel:
+    """Scripted model. All knobs are plain attributes so tests can change them between calls."""
+
+    info: ModelInfo = field(default_factory=fake_model_info)
+    script: str = DEFAULT_SCRIPT
+    think: bool | None = None          # None: think when enable_thinking was asked for
+    tokens_per_second: float = 2000.0
+    prefill_seconds: float = 0.0
+    fail_after: int | None = None
+    error: Exception | None = None
+    repeat_to: int | None = None       # repeat the script until this many tokens
+    acceptance: float = 0.7
+    calls: list[dict] = field(default_factory=list)
+    tokenizer: None = None
+    _last_thinking: bool = False
+
+    def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                 add_generation_prompt: bool = True) -> list[int]:
+        self._last_thinking = bool(enable_thinking)
+        rendered = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            rendered += "<|assistant|>"
+        return [min(ord(c), 255) for c in rendered]
+
+    def _reply_tokens(self, max_tokens: int) -> list[str]:
+        think = self._last_thinking if self.think is None else self.think
+        text = (THINK_SCRIPT if think else "") + self.script
+        toks = split_tokens(text)
+        if self.repeat_to:
+            body = split_tokens(self.script)
+            while len(toks) < self.repeat_to:
+                toks.extend(body)
+            toks = toks[: self.repeat_to]
+        return toks[:max_tokens]
+
+    def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
+                 sampling: SamplingParams | None = None, seed: int | None = None,
+                 cancel: threading.Event | None = None,
+                 stop_strings: tuple[str, ...] | list[str] = ()) -> Iterator[Event]:
+        self.calls.append({"prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
+                           "depth": depth, "sampling": sampling, "seed": seed})
+        toks = self._reply_tokens(max_tokens)
+        rng = random.Random(seed if seed is not None else 1234)
+        k = self.info.max_depth if depth == "auto" else int(depth)
+        if self.prefill_seconds:
+            time.sleep(self.prefill_seconds)
+        yield Event(token_ids=(), prefill=PrefillStats(len(prompt_ids), 0, self.prefill_seconds))
+        yield from self._cycles(toks, k, rng, cancel, len(prompt_ids), max_tokens)
+
+    def _cycles(self, toks: list[str], k: int, rng: random.Random,
+                cancel: threading.Event | None, ctx: int, max_tokens: int) -> Iterator[Event]:
+        pos = 0
+        index = 0
+        per_token = 1.0 / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
+        while pos < len(toks):
+            if cancel is not None and cancel.is_set():
+                yield Event(token_ids=(), finish_reason="cancelled")
+                return
+            accepted = 0
+            while accepted < k and rng.random() < self.acceptance:
+                accepted += 1
+            n = min(accepted + 1, len(toks) - pos)
+            if self.fail_after is not None and pos + n > self.fail_after:
+                raise self.error or RuntimeError("fake engine failure")
+            t0 = time.perf_counter()
+            if per_token:
+                time.sleep(per_token * n)
+            chunk = toks[pos:pos + n]
+            ids = tuple(100 + pos + i for i in range(n))
+            flags = tuple(i < accepted for i in range(n))
+            pos += n
+            stats = CycleStats(
+                index=index, depth=k, drafted=tuple(range(k)), accepted=min(accepted, n),
+                emitted=ids, from_draft=flags,
+                extra_kind="plain" if k == 0 else ("bonus" if accepted == k else "correction"),
+                t_total=time.perf_counter() - t0, context_tokens=ctx + pos)
+            index += 1
+            last = pos >= len(toks)
+            reason = None
+            if last:
+                reason = "length" if pos >= max_tokens else "stop"
+            yield Event(token_ids=ids, text="".join(chunk), stats=stats, finish_reason=reason)
+        if not toks:
+            yield Event(token_ids=(), finish_reason="stop")
+
+
+def make_fake_loader(model: FakeModel | None = None, *, delay: float = 0.0,
+                     require_exists: bool = False) -> Callable[[str], FakeModel]:
+    """A loader with ``engine.load``'s signature that returns ``model`` (or a new FakeModel)."""
+
+    def load(path: str) -> FakeModel:
+        if require_exists and not Path(path).exists():
+            raise ModelLoadError(f"Model folder not found: {path}")
+        if delay:
+            time.sleep(delay)
+        m = model or FakeModel()
+        m.info = fake_model_info(str(path), supports_thinking=m.info.supports_thinking,
+                                 has_mtp=m.info.has_mtp, max_depth=m.info.max_depth or 3)
+        return m
+
+    return load

@@ -1,0 +1,313 @@
+"""The worker: the only caller of the engine. A QObject living on its own QThread.
+
+Contract
+--------
+Slots (run on the worker thread; call them through queued signals or ``submit``/``load_model``):
+
+- ``load(path)``: loads a model with the injected ``loader`` (default ``engine.load``).
+- ``generate(request)``: runs one ``GenerationRequest``; streams ``delta``/``stats``.
+- ``tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if needed).
+
+Signals (emitted from the worker thread, delivered queued to UI objects):
+
+- ``loading(str)``: progress text while a model loads.
+- ``loaded(ModelInfo)`` / ``load_failed(str message)``.
+- ``delta(request_id, text, token_ids, from_draft)``: one engine cycle's new tokens.
+- ``stats(request_id, obj)``: ``PrefillStats`` first, then one ``CycleStats`` per cycle.
+- ``finished(request_id, reason, summary)``: reason is "stop", "length" or "cancelled".
+- ``failed(request_id, message)``: the request ended with an error (never both finished and failed).
+- ``tune_progress(object)``, ``tune_finished(object)``, ``tune_failed(str)``.
+
+Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
+and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
+``EngineError`` messages are passed on verbatim, anything else becomes "Internal error: ..." and
+its traceback is logged.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; must precede any emit)
+from engine.errors import EngineError
+from engine.types import CycleStats, PrefillStats, SamplingParams
+
+log = logging.getLogger(__name__)
+
+Loader = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Everything one reply needs. ``messages`` are chat-template dicts (role, content)."""
+
+    request_id: int
+    messages: tuple[dict, ...]
+    max_tokens: int = 1024
+    depth: int | str = "auto"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    enable_thinking: bool | None = None
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+
+
+def describe_error(exc: BaseException) -> str:
+    """The one place engine exceptions become user-facing text."""
+    if isinstance(exc, EngineError):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, MemoryError):
+        return "Out of memory: the model or the conversation does not fit in memory."
+    return f"Internal error: {type(exc).__name__}: {exc}"
+
+
+def _default_loader(path: str) -> Any:
+    import engine
+
+    return engine.load(path)
+
+
+class _Summary:
+    """Accumulates one request's numbers into the ``finished`` summary dict."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.tokens = 0
+        self.cycles = 0
+        self.accepted = 0
+        self.drafted = 0
+        self.prompt_tokens = 0
+        self.prefill_s = 0.0
+        self.depths: list[int] = []
+
+    def on_prefill(self, p: PrefillStats) -> None:
+        self.prompt_tokens = p.prompt_tokens
+        self.prefill_s = p.seconds
+
+    def on_tokens(self, n: int, stats: CycleStats | None) -> None:
+        now = time.perf_counter()
+        if n and self.t_first is None:
+            self.t_first = now
+        if n:
+            self.t_last = now
+        self.tokens += n
+        if stats is not None:
+            self.cycles += 1
+            self.accepted += stats.accepted
+            self.drafted += stats.depth
+            self.depths.append(stats.depth)
+
+    def as_dict(self) -> dict:
+        end = time.perf_counter()
+        ttft = (self.t_first - self.t0) if self.t_first is not None else None
+        decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
+        # tokens after the first one, over the time they took (the first token is TTFT's).
+        tps = (self.tokens - 1) / decode_s if decode_s > 0 and self.tokens > 1 else 0.0
+        return {
+            "tokens": self.tokens, "prompt_tokens": self.prompt_tokens, "cycles": self.cycles,
+            "ttft_s": ttft, "decode_s": decode_s, "elapsed_s": end - self.t0,
+            "tokens_per_s": tps, "prefill_s": self.prefill_s,
+            "tokens_per_cycle": self.tokens / self.cycles if self.cycles else 0.0,
+            "accepted_per_cycle": self.accepted / self.cycles if self.cycles else 0.0,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "depth": self.depths[-1] if self.depths else 0,
+        }
+
+
+class Worker(QObject):
+    """See the module docstring for the contract."""
+
+    loading = Signal(str)
+    loaded = Signal(object)
+    load_failed = Signal(str)
+    delta = Signal(int, str, object, object)
+    stats = Signal(int, object)
+    finished = Signal(int, str, dict)
+    failed = Signal(int, str)
+    tune_progress = Signal(object)
+    tune_finished = Signal(object)
+    tune_failed = Signal(str)
+
+    _sig_load = Signal(str)
+    _sig_generate = Signal(object)
+    _sig_tune = Signal(str)
+
+    def __init__(self, *, loader: Loader | None = None) -> None:
+        super().__init__()
+        self._loader: Loader = loader or _default_loader
+        self._model: Any = None
+        self._lock = threading.Lock()
+        self._cancels: dict[int, threading.Event] = {}
+        self._tune_cancel = threading.Event()
+        self._sig_load.connect(self.load)
+        self._sig_generate.connect(self.generate)
+        self._sig_tune.connect(self.tune)
+
+    # -- called from any thread ------------------------------------------------------------
+    def load_model(self, path: str) -> None:
+        self._sig_load.emit(str(path))
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queue ``request``; ``cancel(request.request_id)`` works even before it starts."""
+        with self._lock:
+            self._cancels[request.request_id] = threading.Event()
+        self._sig_generate.emit(request)
+
+    def start_tune(self, path: str = "") -> None:
+        self._tune_cancel.clear()
+        self._sig_tune.emit(str(path))
+
+    def cancel(self, request_id: int) -> None:
+        with self._lock:
+            ev = self._cancels.get(request_id)
+        if ev is not None:
+            ev.set()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            events = list(self._cancels.values())
+        for ev in events:
+            ev.set()
+        self._tune_cancel.set()
+
+    @property
+    def model_info(self) -> Any:
+        model = self._model
+        return model.info if model is not None else None
+
+    # -- slots (worker thread) ---------------------------------------------------------------
+    @Slot(str)
+    def load(self, path: str) -> None:
+        try:
+            self._load(path)
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._log_unexpected(exc, "load")
+            self.load_failed.emit(describe_error(exc))
+
+    def _load(self, path: str) -> None:
+        self.loading.emit(f"Loading {path}…")
+        self._model = None  # free the previous model before reading the next one
+        t0 = time.perf_counter()
+        model = self._loader(path)
+        self._model = model
+        log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
+        self.loaded.emit(model.info)
+
+    @Slot(object)
+    def generate(self, request: GenerationRequest) -> None:
+        rid = request.request_id
+        with self._lock:
+            cancel = self._cancels.setdefault(rid, threading.Event())
+        try:
+            self._generate(request, cancel)
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._log_unexpected(exc, f"request {rid}")
+            self.failed.emit(rid, describe_error(exc))
+        finally:
+            with self._lock:
+                self._cancels.pop(rid, None)
+
+    def _generate(self, req: GenerationRequest, cancel: threading.Event) -> None:
+        rid = req.request_id
+        summary = _Summary()
+        if cancel.is_set():
+            self.finished.emit(rid, "cancelled", summary.as_dict())
+            return
+        model = self._model
+        if model is None:
+            raise EngineError("No model is loaded yet.")
+        ids = model.chat_ids(list(req.messages), enable_thinking=req.enable_thinking)
+        opens_think = self._prompt_opens_think(model, ids)
+        if opens_think:
+            self.delta.emit(rid, "<think>\n", [], [])
+        reason = "stop"
+        for ev in model.generate(ids, max_tokens=req.max_tokens, depth=req.depth,
+                                 sampling=req.sampling, seed=req.seed, cancel=cancel,
+                                 stop_strings=req.stop_strings):
+            if ev.prefill is not None:
+                summary.on_prefill(ev.prefill)
+                self.stats.emit(rid, ev.prefill)
+            if ev.token_ids or ev.text:
+                flags = list(ev.stats.from_draft) if ev.stats is not None else []
+                self.delta.emit(rid, ev.text, list(ev.token_ids), flags)
+            summary.on_tokens(len(ev.token_ids), ev.stats)
+            if ev.stats is not None:
+                self.stats.emit(rid, ev.stats)
+            if ev.finish_reason is not None:
+                reason = ev.finish_reason
+                break
+        if cancel.is_set():
+            reason = "cancelled"
+        out = summary.as_dict()
+        out["thinking_prefilled"] = opens_think
+        self.finished.emit(rid, reason, out)
+
+    @staticmethod
+    def _prompt_opens_think(model: Any, ids: list[int]) -> bool:
+        """True when the chat template itself opened a ``<think>`` block (Qwen3.5 with thinking)."""
+        tok = getattr(model, "tokenizer", None)
+        if tok is None or not ids:
+            return False
+        try:
+            tail = tok.decode(ids[-8:])
+        except Exception:  # noqa: BLE001 - a tokenizer quirk must not fail the request
+            return False
+        return tail.rstrip().endswith("<think>")
+
+    @Slot(str)
+    def tune(self, path: str) -> None:
+        try:
+            self._tune(path)
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._log_unexpected(exc, "tune")
+            self.tune_failed.emit(describe_error(exc))
+
+    def _tune(self, path: str) -> None:
+        try:
+            from engine import tuner  # another issue's module; may not exist yet
+        except ImportError as exc:
+            raise EngineError(f"Tuning is not available in this build ({exc}).") from exc
+        current = self._model.info.path if self._model is not None else None
+        if path and path != current:
+            self._load(path)
+        if self._model is None:
+            raise EngineError("Load a model before tuning it.")
+        result = tuner.tune(self._model, progress=self.tune_progress.emit,
+                            cancel=self._tune_cancel)
+        self.tune_finished.emit(result)
+
+    @staticmethod
+    def _log_unexpected(exc: BaseException, what: str) -> None:
+        if isinstance(exc, EngineError):
+            log.warning("%s failed: %s", what, exc)
+        else:
+            log.error("%s failed with an unexpected error", what, exc_info=exc)
+
+
+class WorkerThread:
+    """Owns the QThread the worker lives on; ``shutdown`` cancels, quits and joins."""
+
+    def __init__(self, *, loader: Loader | None = None) -> None:
+        self.thread = QThread()
+        self.thread.setObjectName("mtpchat-worker")
+        self.worker = Worker(loader=loader)
+        self.worker.moveToThread(self.thread)
+        self.thread.start()
+
+    def shutdown(self, *, timeout_ms: int = 120_000) -> bool:
+        """Cancel everything and join the thread. Returns False if it did not stop in time."""
+        if not self.thread.isRunning():
+            return True
+        self.worker.cancel_all()
+        self.thread.quit()
+        ok = self.thread.wait(timeout_ms)
+        if not ok:
+            log.error("worker thread did not stop within %d ms", timeout_ms)
+        return ok
