@@ -355,6 +355,29 @@ class FakeHub:
             self.requests.clear()
 
 
+# ------------------------------------------------------------------ test helpers
+
+def point_hf_at(hub: FakeHub, monkeypatch, tmp_path: Path) -> None:
+    """Aim huggingface_hub (in this process) at ``hub``: online, no token, a fresh app home."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+
+
+def subprocess_env(hub: FakeHub, home: Path, **extra: str) -> dict[str, str]:
+    """Environment for a child process (HF_ENDPOINT is read at import, so set it here)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN",)}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1",
+               HF_HOME=str(home / "hf"), MTPCHAT_HOME=str(home), **extra)
+    return env
+
+
 # ------------------------------------------------------------------ tiny repos
 
 def _read_dir(path: Path) -> dict[str, bytes]:

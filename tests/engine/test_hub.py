@@ -10,7 +10,7 @@ import pytest
 from engine import hub
 from engine.download import Downloader
 from engine.store import Store
-from tests.fakehub import VALID_TOKEN, FakeHub, tiny_repos
+from tests.fakehub import VALID_TOKEN, FakeHub, point_hf_at, tiny_repos
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
@@ -24,14 +24,8 @@ def repos(tmp_path_factory):
 @pytest.fixture
 def fake(repos, monkeypatch, tmp_path):
     """A running fake Hub, huggingface_hub pointed at it, no token anywhere, a fresh home."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
     with FakeHub(repos) as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
+        point_hf_at(h, monkeypatch, tmp_path)
         yield h
 
 
