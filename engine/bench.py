@@ -1,0 +1,141 @@
+"""Side-by-side decode benchmark in ONE process: mlx-lm's own ``stream_generate`` on the same
+weights, this engine at depth 0, and each requested depth (and ``auto``)."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from engine.runstats import RunSummary
+from engine.types import SamplingParams
+
+DEFAULT_PROMPTS = {
+    "generic": ["Write a short story about a robot learning to paint.",
+                "Explain how a hash table works."],
+}
+
+
+def load_prompt_sets(model, path: str | None) -> dict[str, list[str]]:
+    """Prompt sets by class: a JSON file ({class: [prompts]} or [prompts]), else the model
+    folder's ``heldout_prompts.json`` (the demo model ships one), else generic prompts."""
+    candidates = [Path(path)] if path else [Path(model.info.path) / "heldout_prompts.json"]
+    for p in candidates:
+        if p.is_file():
+            data = json.loads(p.read_text(encoding="utf-8"))
+            if isinstance(data, list):
+                return {"prompts": [str(x) for x in data]}
+            return {str(k): [str(x) for x in v] for k, v in data.items()}
+    return DEFAULT_PROMPTS
+
+
+@dataclass
+class Cell:
+    tps: list[float] = field(default_factory=list)
+    summaries: list[RunSummary] = field(default_factory=list)
+    peak_bytes: int = 0
+
+
+def _mlx_lm_run(model, ids: list[int], max_tokens: int, params: SamplingParams) -> tuple[float, list[int]]:
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(temp=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                           min_p=params.min_p)
+    toks, t_first = [], None
+    eos = set(model.info.eos_token_ids)
+    for r in stream_generate(model.trunk, model.tokenizer, mx.array(ids), max_tokens=max_tokens,
+                             sampler=sampler):
+        if t_first is None:
+            t_first = time.perf_counter()
+        toks.append(r.token)
+        if r.token in eos:
+            break
+    dt = time.perf_counter() - t_first
+    return ((len(toks) - 1) / dt if dt > 0 and len(toks) > 1 else 0.0), toks
+
+
+def _engine_run(model, ids, depth, max_tokens, params, seed, drafter, profile) -> RunSummary:
+    s = RunSummary()
+    for ev in model.generate(ids, max_tokens=max_tokens, depth=depth, sampling=params,
+                             seed=seed, drafter=drafter, profile=profile):
+        s.add(ev)
+    return s
+
+
+def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens: int,
+              params: SamplingParams, repeats: int, chat: bool = True, replay: bool = False,
+              profile: bool = False, include_mlx_lm: bool = True, seed: int = 0,
+              progress=None) -> dict:
+    """Returns {"classes": {cls: {label: {...}}}, "overall": {...}} with median tok/s."""
+    from engine.drafters import ReplayDrafter
+
+    encoded = {c: [model.chat_ids([{"role": "user", "content": p}]) if chat else
+                   list(model.tokenizer.encode(p, add_special_tokens=False)) for p in ps]
+               for c, ps in prompts.items()}
+    labels = (["mlx_lm"] if include_mlx_lm else []) + [str(d) for d in depths]
+    cells = {c: {lab: Cell() for lab in labels} for c in encoded}
+    # warm-up (compiles kernels, fills allocator caches)
+    first = next(iter(encoded.values()))[0]
+    _engine_run(model, first, 0, 8, params, seed, None, False)
+    for rep in range(repeats):
+        for cls, id_lists in encoded.items():
+            for lab in labels:
+                total_tok, total_s = 0, 0.0
+                for i, ids in enumerate(id_lists):
+                    model.reset_prompt_cache()
+                    mx.reset_peak_memory()
+                    if lab == "mlx_lm":
+                        tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
+                        total_tok += len(toks) - 1
+                        total_s += (len(toks) - 1) / tps if tps else 0.0
+                    else:
+                        depth = lab if lab == "auto" else int(lab)
+                        drafter = None
+                        if replay and depth != 0:
+                            ref = _engine_run(model, ids, 0, max_tokens, params, seed + i, None, False)
+                            model.reset_prompt_cache()
+                            drafter = ReplayDrafter(ref.token_ids)
+                        s = _engine_run(model, ids, depth, max_tokens, params, seed + i, drafter, profile)
+                        cells[cls][lab].summaries.append(s)
+                        total_tok += s.decode_tokens
+                        total_s += s.decode_seconds
+                    cells[cls][lab].peak_bytes = max(cells[cls][lab].peak_bytes, mx.get_peak_memory())
+                cells[cls][lab].tps.append(total_tok / total_s if total_s else 0.0)
+                if progress:
+                    progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cells[cls][lab].tps[-1]:.1f} tok/s")
+    return {"classes": {c: _report(cells[c]) for c in cells}, "params": params.__dict__,
+            "max_tokens": max_tokens, "repeats": repeats, "replay": replay}
+
+
+def _report(cells: dict[str, Cell]) -> dict:
+    base = statistics.median(cells["0"].tps) if "0" in cells and cells["0"].tps else None
+    out = {}
+    for lab, cell in cells.items():
+        med = statistics.median(cell.tps) if cell.tps else 0.0
+        row = {"tok_s": round(med, 2), "tok_s_all": [round(x, 2) for x in cell.tps],
+               "speedup_vs_depth0": round(med / base, 3) if base else None,
+               "peak_memory_mib": round(cell.peak_bytes / 2**20, 2)}
+        if cell.summaries:
+            merged = RunSummary()
+            for s in cell.summaries:
+                merged.cycles.extend(s.cycles)
+            d = merged.to_dict()["stats"]
+            row.update(acceptance_by_position=d["acceptance_by_position"],
+                       tokens_per_cycle=d["tokens_per_cycle"],
+                       host_syncs_per_cycle=d["host_syncs_per_cycle"])
+            spec = [c for c in merged.cycles if c.depth > 0]
+            if spec:
+                tot = sum(c.t_total for c in spec) or 1.0
+                row["time_share"] = {
+                    "draft": round(sum(c.t_draft for c in spec) / tot, 4),
+                    "verify": round(sum(c.t_verify for c in spec) / tot, 4),
+                    "accept": round(sum(c.t_accept for c in spec) / tot, 4),
+                    "commit": round(sum(c.t_commit for c in spec) / tot, 4)}
+            depths = [c.depth for c in merged.cycles]
+            row["mean_depth"] = round(sum(depths) / len(depths), 3) if depths else 0
+        out[lab] = row
+    return out

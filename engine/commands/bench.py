@@ -1,0 +1,65 @@
+"""``bench``: mlx-lm vs depth 0 vs each depth, one process, median of repeats."""
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "benchmark decode speed: mlx-lm's own generation, depth 0 and each MTP depth, side by side"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None, help="model folder (default: the embedded demo model)")
+    p.add_argument("--depths", default="0,1,2,3", help="comma-separated depths (0..6, auto)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", default=None, help="JSON file: [prompts] or {class: [prompts]}")
+    p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--replay", action="store_true",
+                   help="draft with a replay of the depth-0 output (best-case ceiling per depth)")
+    p.add_argument("--profile", action="store_true",
+                   help="synchronise after each phase to measure the cycle's time split")
+    p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's own generation")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from engine import SamplingParams, default_model_path, load
+    from engine.bench import load_prompt_sets, run_bench
+    from engine.commands.generate import parse_depth
+    from engine.sysinfo import system_info
+
+    model = load(args.model or default_model_path(), dtype=args.dtype)
+    depths = [parse_depth(d.strip()) for d in args.depths.split(",") if d.strip()]
+    if 0 not in depths:
+        depths.insert(0, 0)
+    prompts = {"prompts": args.prompt} if args.prompt else load_prompt_sets(model, args.prompts)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
+    result = run_bench(model, prompts=prompts, depths=depths, max_tokens=args.max_tokens,
+                       params=params, repeats=args.repeats, chat=not args.raw, replay=args.replay,
+                       profile=args.profile, include_mlx_lm=not args.no_mlx_lm, seed=args.seed,
+                       progress=log)
+    info = system_info()
+    result["model"] = {"path": model.info.path, "params": model.info.num_parameters,
+                       "dtype": model.info.dtype, "has_mtp": model.info.has_mtp}
+    result["machine"] = {k: info[k] for k in ("device", "blas", "mlx_version", "mlx_lm_version")}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"model {model.info.name} ({model.info.num_parameters / 1e6:.1f}M params, {model.info.dtype}), "
+          f"{info['device']}/{info['blas']}, temperature {args.temperature}, "
+          f"{args.max_tokens} tokens, median of {args.repeats}" + (", REPLAY drafter" if args.replay else ""))
+    for cls, rows in result["classes"].items():
+        print(f"\n[{cls}]")
+        print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'tok/cyc':>7} {'peak MiB':>8}  acceptance by position")
+        for lab, r in rows.items():
+            acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:4])
+            sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
+            print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {r.get('tokens_per_cycle', ''):>7} "
+                  f"{r['peak_memory_mib']:8.1f}  {acc}")
+    return 0

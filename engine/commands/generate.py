@@ -1,0 +1,76 @@
+"""``generate``: one completion, streamed to stdout (or one JSON object with ``--json``)."""
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "generate text with plain (depth 0) or MTP speculative decoding"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=None, help="model folder (default: the embedded demo model)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    p.add_argument("--chat", action="store_true", help="wrap --prompt as a user message in the chat template")
+    p.add_argument("--system", default=None, help="system prompt (with --chat)")
+    p.add_argument("--no-think", action="store_true", help="disable thinking where the template supports it")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--depth", default="0", help="0..6 or auto")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+
+
+def parse_depth(s: str):
+    if s == "auto":
+        return "auto"
+    try:
+        return int(s)
+    except ValueError:
+        from engine.errors import GenerationError
+
+        raise GenerationError(f"--depth must be 0..6 or auto, not {s!r}") from None
+
+
+def prompt_ids(model, args) -> list[int]:
+    if args.prompt_ids is not None:
+        return [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else [])
+        msgs.append({"role": "user", "content": args.prompt})
+        return model.chat_ids(msgs, enable_thinking=False if args.no_think else None)
+    return list(model.tokenizer.encode(args.prompt, add_special_tokens=False))
+
+
+def run(args) -> int:
+    from engine import SamplingParams, default_model_path, load
+    from engine.runstats import RunSummary
+
+    model = load(args.model or default_model_path(), dtype=args.dtype)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              min_p=args.min_p, presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty)
+    summary = RunSummary()
+    for ev in model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
+                             depth=parse_depth(args.depth), sampling=sampling, seed=args.seed,
+                             stop_strings=tuple(args.stop)):
+        summary.add(ev)
+        if not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps(summary.to_dict(trace=args.trace)))
+    else:
+        s = summary.to_dict()["stats"]
+        print(f"\n[{s['tokens']} tokens, {s['decode_tokens_per_s']:.1f} tok/s, TTFT "
+              f"{s['ttft_s'] * 1000:.0f} ms, {s['tokens_per_cycle']:.2f} tokens/cycle, "
+              f"finish: {summary.finish_reason}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,126 @@
+"""Raw Hugging Face checkpoint -> MLX layout, optionally 4/8-bit, keeping the MTP head.
+
+The output has shifted norms and transposed conv1d (what mlx-lm writes), plus ``mtp.*``
+tensors. The MTP head is quantized no lower than the trunk and its ``fc`` never below 8 bits
+(MTP_SPEC §2). Writing goes to a staging folder renamed into place at the end, so a
+cancelled or failed conversion never leaves a half-written model behind.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.errors import EngineError, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json", "chat_template.jinja", "chat_template.json",
+              "vocab.json", "merges.txt", "tokenizer.model", "README.md", "LICENSE")
+SHARD_BYTES = 4 * 2**30
+
+
+class ConversionCancelled(EngineError):
+    """The user cancelled the conversion; nothing was written."""
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise ConversionCancelled("Conversion cancelled.")
+
+
+def _save_shards(weights: dict, out: Path) -> None:
+    import mlx.core as mx
+
+    shards: list[dict] = [{}]
+    size = 0
+    for k in sorted(weights):
+        v = weights[k]
+        if size + v.nbytes > SHARD_BYTES and shards[-1]:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.nbytes
+    if len(shards) == 1:
+        mx.save_safetensors(str(out / "model.safetensors"), shards[0], metadata={"format": "mlx"})
+        return
+    wm = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+        wm.update({k: name for k in shard})
+    total = sum(v.nbytes for v in weights.values())
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1))
+
+
+def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_size: int = 64,
+            dtype: str | None = None, progress: Callable[[float, str], None] | None = None,
+            cancel: threading.Event | None = None) -> Path:
+    """Convert ``src`` to MLX layout in ``dst``. ``bits``: None (no quantization), 4 or 8."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from engine.model import load
+
+    report = progress or (lambda f, m: None)
+    src, dst = Path(src), Path(dst)
+    if bits not in (None, 4, 8):
+        raise EngineError(f"--bits must be 4 or 8, not {bits}.")
+    if dst.exists():
+        raise EngineError(f"{dst} already exists; choose another destination or delete it.")
+    report(0.0, "loading")
+    model = load(src, dtype=dtype)
+    if model.info.quantization:
+        raise ModelLoadError(f"{src} is already quantized; convert from the original checkpoint.")
+    _check_cancel(cancel)
+    quant_cfg = None
+    if bits is not None:
+        report(0.3, f"quantizing to {bits} bits")
+        nn.quantize(model.trunk, group_size=group_size, bits=bits,
+                    class_predicate=lambda p, m: hasattr(m, "to_quantized")
+                    and getattr(m, "weight", None) is not None and m.weight.shape[-1] % group_size == 0)
+        quant_cfg = {"group_size": group_size, "bits": bits}
+        if model.mtp is not None:
+            def mtp_pred(path: str, m):
+                if not hasattr(m, "to_quantized") or m.weight.shape[-1] % group_size:
+                    return False
+                if path == "fc":
+                    return {"group_size": group_size, "bits": max(bits, 8)}
+                return True
+            nn.quantize(model.mtp, group_size=group_size, bits=bits, class_predicate=mtp_pred)
+            quant_cfg["mtp.fc"] = {"group_size": group_size, "bits": max(bits, 8)}
+    _check_cancel(cancel)
+    weights = dict(tree_flatten(model.trunk.parameters()))
+    if model.mtp is not None:
+        weights.update({f"mtp.{k}": v for k, v in tree_flatten(model.mtp.parameters())})
+    report(0.6, "writing")
+    staging = dst.with_name(dst.name + ".converting")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        mx.eval(weights)
+        _save_shards(weights, staging)
+        _check_cancel(cancel)
+        config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+        config.pop("quantization_config", None)
+        if quant_cfg:
+            config["quantization"] = quant_cfg
+        config["mtpchat_converted_from"] = str(src)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        for name in COPY_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, staging / name)
+        staging.rename(dst)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    report(1.0, "done")
+    log.info("converted %s -> %s (bits=%s)", src, dst, bits)
+    return dst
