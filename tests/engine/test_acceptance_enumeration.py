@@ -251,22 +251,22 @@ def test_single_position_large_vocab_every_draft_distribution():
     q = rng.random(vocab) * (rng.random(vocab) < 0.5)
     q[0] += 0.01
     q /= q.sum()
-    every = mx.arange(vocab, dtype=mx.int32).reshape(vocab, 1)
+    every = mx.arange(vocab, dtype=mx.int32).reshape(vocab, 1)  # one row per draft token
     p_b = mx.broadcast_to(p[None], (vocab, 2, vocab))
-    for q_rows, weights in [(mx.broadcast_to(mx.array(q, dtype=F64)[None, None], (vocab, 1, vocab)), q),
-                            (None, None)]:
-        acc = np.array(S.accept_probs(p_b[:, :1], q_rows, every))[:, 0]
-        n0 = mx.array(0, dtype=mx.int32)
-        if q_rows is None:
-            res = mx.vmap(lambda pp, dd: S.extra_distribution(pp, None, dd, n0))(p_b, every)
-        else:
-            res = mx.vmap(lambda pp, qq, dd: S.extra_distribution(pp, qq, dd, n0))(p_b, q_rows,
-                                                                                   every)
-        per_draft = acc[:, None] * np.eye(vocab) + (1 - acc)[:, None] * np.array(res)
-        if weights is None:  # each deterministic draft alone must already give p
-            assert np.abs(per_draft - pn[0][None, :]).max() < 1e-12
-        else:
-            assert np.abs(weights @ per_draft - pn[0]).max() < 1e-12
+    n0 = mx.array(0, dtype=mx.int32)
+
+    # Sampled drafts d ~ q: P(first = t) = sum_d q(d) [a(d) 1(t = d) + (1 - a(d)) r(t)].
+    q_b = mx.broadcast_to(mx.array(q, dtype=F64)[None, None], (vocab, 1, vocab))
+    acc = np.array(S.accept_probs(p_b[:, :1], q_b, every))[:, 0]
+    res = mx.vmap(lambda pp, qq, dd: S.extra_distribution(pp, qq, dd, n0))(p_b, q_b, every)
+    per_draft = acc[:, None] * np.eye(vocab) + (1 - acc)[:, None] * np.array(res)
+    assert np.abs(q @ per_draft - pn[0]).max() < 1e-12
+
+    # Deterministic (argmax-style) drafts: every single draft token alone already gives p.
+    acc = np.array(S.accept_probs(p_b[:, :1], None, every))[:, 0]
+    res = mx.vmap(lambda pp, dd: S.extra_distribution(pp, None, dd, n0))(p_b, every)
+    per_draft = acc[:, None] * np.eye(vocab) + (1 - acc)[:, None] * np.array(res)
+    assert np.abs(per_draft - pn[0][None, :]).max() < 1e-12
 
 
 def test_float32_pipeline_is_exact_to_float32_precision():
