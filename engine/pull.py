@@ -54,7 +54,9 @@ def _convert_progress(progress: ProgressFn | None, base: DownloadProgress):
         if progress is None:
             return
         done, total, msg = 0, 0, ""
-        if len(args) >= 2 and all(isinstance(a, (int, float)) for a in args[:2]):
+        if len(args) >= 2 and isinstance(args[0], (int, float)) and isinstance(args[1], str):
+            done, total, msg = args[0] * 1000, 1000, args[1]  # (fraction, message)
+        elif len(args) >= 2 and all(isinstance(a, (int, float)) for a in args[:2]):
             done, total = args[0], args[1]
         elif args and isinstance(args[0], (int, float)):
             done, total = args[0] * 1000, 1000
@@ -97,21 +99,28 @@ def _convert(result: DownloadResult, convert_fn, *, bits: int, group_size: int, 
                   "summary": {k: info.get(k) for k in ("family", "quantization", "has_mtp",
                                                        "layout", "parameters", "supported")}}
         dest = store.install(staging, name, record)
-    except _Cancelled:
+    except Exception as exc:
+        if not (isinstance(exc, _Cancelled) or cancel.is_set()):
+            return _conversion_failed(exc, staging, base, progress, result, bits, src)
         shutil.rmtree(staging, ignore_errors=True)
         if progress:
             progress(replace(base, phase="cancelled", message="conversion cancelled"))
         return replace(result, status="cancelled", name=name, path=None)
-    except Exception as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if progress:
-            progress(replace(base, phase="failed", message=f"conversion failed: {exc}"))
-        if isinstance(exc, HubError):
-            raise
-        raise HubError(f"converting {result.name} to {bits}-bit failed: {exc} (the downloaded "
-                       f"model is kept in {src})") from exc
     if progress:
         progress(replace(base, phase="done", message=f"installed in {dest}"))
     return replace(result, name=name, path=str(dest), converted=True,
                    seconds=result.seconds + time.monotonic() - t0,
                    notes=(f"original download kept in {src}",))
+
+
+def _conversion_failed(exc: Exception, staging: Path, base: DownloadProgress,
+                       progress: ProgressFn | None, result: DownloadResult, bits: int, src: Path):
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    if progress:
+        progress(replace(base, phase="failed", message=f"conversion failed: {exc}"))
+    if isinstance(exc, HubError):
+        raise exc
+    raise HubError(f"converting {result.name} to {bits}-bit failed: {exc} (the downloaded "
+                   f"model is kept in {src})") from exc
