@@ -80,6 +80,8 @@ def read_icns(data: bytes) -> dict[str, bytes]:
         raise ValueError("not an ICNS file (bad magic or length)")
     out, pos = {}, 8
     while pos < len(data):
+        if pos + 8 > len(data):
+            raise ValueError("truncated ICNS entry header")
         kind = data[pos:pos + 4].decode("ascii")
         size = struct.unpack(">I", data[pos + 4:pos + 8])[0]
         if size < 8 or pos + size > len(data):

@@ -51,9 +51,11 @@ QT_EXCLUDES = [
 EXCLUDES = HEAVY_EXCLUDES + QT_EXCLUDES
 # Top-level names that must not appear in the frozen tree (checked after the build).
 FORBIDDEN_IN_BUNDLE = ("torch", "tensorflow", "jax", "jaxlib", "PySide6/Qt/lib/QtWebEngineCore.framework")
-FORBIDDEN_LIB_PREFIXES = ("libQt6WebEngine", "libQt6Quick3D", "libQt63D", "libtorch")
+FORBIDDEN_LIB_PREFIXES = ("libQt6WebEngine", "libQt6Quick", "libQt6Qml", "libQt63D", "libtorch",
+                          "QtWebEngineCore.framework", "QtQuick.framework", "QtQml.framework")
 # Modules every frozen build must carry (mlx_lm imports model code by model_type).
-REQUIRED_MODULES = ("mlx_lm.models.qwen3_5", "mlx_lm.models.qwen3_5_moe", "mlx.core",
+# (Extension modules such as mlx.core are not in the PYZ; verify_tree checks those files.)
+REQUIRED_MODULES = ("mlx_lm.models.qwen3_5", "mlx_lm.models.qwen3_5_moe", "mlx",
                     "transformers", "tokenizers", "huggingface_hub", "app.main", "engine")
 
 
@@ -154,22 +156,56 @@ def is_libmlx(dest_name: str) -> bool:
     return base.startswith("libmlx") and base.endswith(".dylib")
 
 
-def metallib_entries(toc: list[tuple], metallib_src: str) -> list[tuple[str, str, str]]:
-    """DATA entries putting ``mlx.metallib`` beside every ``libmlx*.dylib`` in a PyInstaller TOC.
+def metallib_entries(toc: list[tuple], canonical: str = "mlx/lib/" + METALLIB) -> list[tuple[str, str, str]]:
+    """SYMLINK entries putting ``mlx.metallib`` beside every ``libmlx*.dylib`` in a PyInstaller TOC.
 
-    MLX looks for its metallib next to the libmlx it was loaded from (dladdr, symlinks not
-    resolved). If PyInstaller places a libmlx anywhere but ``mlx/lib`` (e.g. a top-level
-    copy for an @rpath reference), that copy needs its own metallib beside it.
+    MLX looks for its metallib next to the libmlx it was loaded from (dladdr; symlinks not
+    resolved). On macOS PyInstaller adds a top-level ``libmlx.dylib`` symlink and rewrites
+    ``mlx.core`` to load it through ``@rpath``, so dyld may report the library at the top
+    level, where no metallib sits. Each such place gets a relative symlink to the one real
+    metallib (``canonical``, which must already be in the TOC) instead of a 147 MB copy.
     """
-    have = {os.path.dirname(e[0]) for e in toc if os.path.basename(e[0]) == METALLIB}
+    dests = {e[0] for e in toc}
+    if canonical not in dests:
+        raise ValueError(f"{canonical} is not collected; cannot link a metallib to it")
+    have = {os.path.dirname(d) for d in dests if os.path.basename(d) == METALLIB}
     new: list[tuple[str, str, str]] = []
     for entry in toc:
         if is_libmlx(entry[0]):
             folder = os.path.dirname(entry[0])
             if folder not in have:
                 have.add(folder)
-                new.append((os.path.join(folder, METALLIB), metallib_src, "DATA"))
+                target = os.path.relpath(canonical, folder or ".")
+                new.append((os.path.join(folder, METALLIB), target, "SYMLINK"))
     return new
+
+
+_UNUSED_QT = re.compile(r"(^|/)(lib)?Qt6?(Pdf|Qml|Quick|VirtualKeyboard|WebEngine|3D)[A-Za-z0-9]*"
+                        r"(\.framework(/|$)|\.so|\.dylib)")
+_UNUSED_QT_PLUGINS = ("libqpdf", "libqtvirtualkeyboardplugin")
+
+
+def prune_toc(toc: list[tuple]) -> list[tuple]:
+    """Drop what PyInstaller's Qt hooks drag in but the app never uses.
+
+    The image-format plugin for PDF pulls in QtPdf, the virtual-keyboard input plugin pulls
+    in QtQuick/QtQml (~25 MB); metadata of excluded packages (torch-*.dist-info, copied by
+    the transformers hook) would only make ``importlib.metadata`` report them as installed.
+    """
+    excluded_dists = {m.lower() for m in HEAVY_EXCLUDES}
+    kept = []
+    for entry in toc:
+        dest = entry[0].replace(os.sep, "/")
+        base = os.path.basename(dest)
+        if "/plugins/" in dest and base.startswith(_UNUSED_QT_PLUGINS):
+            continue
+        if _UNUSED_QT.search(dest):
+            continue
+        first = dest.split("/", 1)[0]
+        if first.endswith(".dist-info") and first.split("-", 1)[0].lower() in excluded_dists:
+            continue
+        kept.append(entry)
+    return kept
 
 
 # ------------------------------------------------------------------------------ verification
@@ -179,6 +215,8 @@ def verify_tree(root: Path, *, mac: bool) -> list[str]:
     libs = [p for p in root.rglob("libmlx*") if p.name.endswith((".dylib", ".so"))]
     if not libs:
         problems.append(f"no libmlx shared library under {root}")
+    if not any(root.rglob("mlx/core.*.so")):
+        problems.append("the mlx.core extension module (mlx/core.*.so) is missing")
     if mac:
         for lib in libs:  # every copy or symlink MLX could be loaded through
             if not (lib.parent / METALLIB).exists():

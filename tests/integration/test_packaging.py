@@ -1,0 +1,312 @@
+"""Packaging: build_macos.sh's interface and platform guard, the spec's rules, the icon, and
+(slow) the Linux one-dir build of the same spec with the frozen app's self-test."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import plistlib
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import engine
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGING = ROOT / "packaging"
+SPEC = PACKAGING / "mtpchat.spec"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, PACKAGING / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mb = _load("mtpchat_bundle")
+
+
+def _bash(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------- build_macos.sh
+def test_build_macos_help_explains_every_option():
+    out = _bash("build_macos.sh", "--help")
+    assert out.returncode == 0, out.stderr
+    for word in ("--sign", "--notarize", "--dmg", "--dry-run", "--python", "--out",
+                 "macosx_14_0_arm64", "codesign --verify --deep --strict", "--self-test",
+                 "notarytool", "stapler", "spctl", "hdiutil", "UDZO", "ditto -c -k --keepParent",
+                 "--options=runtime", "entitlements", "mlx.metallib", "smoke_linux.sh"):
+        assert word in out.stdout, word
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="the guard is for non-Mac machines")
+@pytest.mark.parametrize("args", [(), ("--dry-run",), ("--dry-run", "--dmg", "--sign", "X")])
+def test_build_macos_stops_at_the_platform_check_off_mac(args):
+    out = _bash("build_macos.sh", *args)
+    assert out.returncode != 0
+    assert "must run on an Apple Silicon Mac (arm64, macOS 14+)" in out.stderr
+    assert f"this is {os.uname().sysname} {os.uname().machine}" in out.stderr
+    assert "packaging/smoke_linux.sh" in out.stderr
+    assert "+ " not in out.stdout  # no step was printed, let alone run
+    assert not (ROOT / "build" / "macos" / "venv").exists()
+
+
+def test_build_macos_rejects_bad_usage():
+    assert _bash("build_macos.sh", "--frobnicate").returncode == 2
+    out = _bash("build_macos.sh", "--notarize", "profile")  # notarizing needs a real identity
+    assert out.returncode != 0 and "--notarize needs --sign" in out.stderr
+
+
+def test_build_macos_is_strict_bash():
+    text = (ROOT / "build_macos.sh").read_text()
+    assert "set -euo pipefail" in text
+    assert _bash("-n", "build_macos.sh").returncode == 0
+    assert _bash("-n", "packaging/smoke_linux.sh").returncode == 0
+
+
+def test_smoke_linux_help():
+    out = _bash("packaging/smoke_linux.sh", "--help")
+    assert out.returncode == 0 and "--self-test" in out.stdout
+    assert _bash("packaging/smoke_linux.sh", "--bogus").returncode == 2
+
+
+# -------------------------------------------------------------------------------- the spec
+def test_spec_parses_and_has_the_required_pieces():
+    text = SPEC.read_text()
+    ast.parse(text)
+    for piece in ('collect_submodules("mlx_lm")', 'collect_data_files("mlx_lm")', "BUNDLE(",
+                  "COLLECT(", "exclude_binaries=True", "upx=False", 'target_arch="arm64"',
+                  "argv_emulation=False", "launcher.py", "mb.EXCLUDES", "mb.info_plist(VERSION)",
+                  "mb.metallib_entries", "mb.mlx_native_files", "mb.resources_datas",
+                  "mb.verify_tree", "mb.prune_toc", "bundle_identifier=mb.BUNDLE_ID"):
+        assert piece in text, piece
+    # BUNDLE only on macOS: the same spec builds one-dir on Linux.
+    tree = ast.parse(text)
+    bundle_calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and getattr(n.func, "id", None) == "BUNDLE"]
+    ifs = [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == "IS_MAC"]
+    assert bundle_calls and any(c in list(ast.walk(i)) for i in ifs for c in bundle_calls)
+
+
+def test_version_and_info_plist():
+    assert mb.read_version(ROOT) == engine.__version__
+    plist = mb.info_plist(engine.__version__)
+    assert plist["LSMinimumSystemVersion"] == "14.0"
+    assert plist["NSHighResolutionCapable"] is True
+    assert plist["CFBundleIdentifier"] == "app.mtpchat.MTPChat"
+    assert plist["CFBundleShortVersionString"] == engine.__version__
+    assert "CFBundleDocumentTypes" not in plist
+    plistlib.dumps(plist)  # serializable as-is
+
+
+def test_version_mismatch_is_refused(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1.0.0"\n')
+    (tmp_path / "engine" / "__init__.py").write_text('__version__ = "1.0.1"\n')
+    with pytest.raises(ValueError, match="mismatch"):
+        mb.read_version(tmp_path)
+
+
+def test_excludes_cover_heavy_frameworks_and_unused_qt():
+    for name in ("torch", "tensorflow", "jax", "PySide6.QtWebEngineCore", "PySide6.Qt3DCore",
+                 "PySide6.QtQuick", "PySide6.QtQml", "PySide6.QtMultimedia"):
+        assert name in mb.EXCLUDES
+    for name in ("PySide6.QtCharts", "PySide6.QtSvg", "PySide6.QtWidgets", "mlx", "mlx_lm"):
+        assert name not in mb.EXCLUDES
+
+
+def test_entitlements():
+    ent = plistlib.loads((PACKAGING / "entitlements.plist").read_bytes())
+    assert ent == {"com.apple.security.cs.allow-unsigned-executable-memory": True,
+                   "com.apple.security.cs.disable-library-validation": True}
+
+
+def test_requirements_macos_pins_everything_with_hashes():
+    text = (PACKAGING / "requirements-macos.txt").read_text()
+    reqs = [line.split(" ")[0] for line in text.splitlines() if "==" in line]
+    names = {r.split("==")[0].lower().replace("_", "-") for r in reqs}
+    for needed in ("mlx", "mlx-metal", "mlx-lm", "pyinstaller", "macholib", "transformers",
+                   "pyside6-essentials", "pyside6-addons", "huggingface-hub", "platformdirs"):
+        assert needed in names, needed
+    assert "torch" not in names and "pyside6-webengine" not in names
+    assert all(r.count("==") == 1 for r in reqs)
+    assert text.count("--hash=sha256:") >= len(reqs)
+    mlx = next(r for r in reqs if r.lower().startswith("mlx=="))
+    metal = next(r for r in reqs if r.lower().startswith("mlx-metal=="))
+    assert mlx.split("==")[1] == metal.split("==")[1]
+
+
+# -------------------------------------------------------------- collection and bundle rules
+def test_mlx_native_files_takes_the_whole_lib_folder(tmp_path):
+    mlx = tmp_path / "mlx"
+    (mlx / "lib" / "cmake" / "jaccl").mkdir(parents=True)
+    for name in ("libmlx.dylib", "libjaccl.dylib", "mlx.metallib", "cmake/jaccl/x.cmake"):
+        (mlx / "lib" / name).write_bytes(b"x")
+    (tmp_path / "mlx_cpu.libs").mkdir()
+    (tmp_path / "mlx_cpu.libs" / "libblas-1.so.3").write_bytes(b"x")
+    binaries, datas = mb.mlx_native_files(mlx)
+    assert sorted(Path(s).name for s, _ in binaries) == ["libblas-1.so.3", "libjaccl.dylib", "libmlx.dylib"]
+    assert [(Path(s).name, d) for s, d in datas] == [("mlx.metallib", "mlx/lib")]
+    assert ("mlx_cpu.libs" in {d for _, d in binaries})
+    with pytest.raises(FileNotFoundError):
+        mb.mlx_native_files(tmp_path / "nowhere")
+
+
+def test_the_installed_mlx_is_collectable():
+    binaries, _datas = mb.mlx_native_files(mb.package_dir("mlx"))
+    assert any(Path(s).name.startswith("libmlx") for s, _ in binaries)
+
+
+def test_resources_datas_skip_caches_and_partial_downloads(tmp_path):
+    res = tmp_path / "resources"
+    (res / "models" / "demo").mkdir(parents=True)
+    (res / "__pycache__").mkdir()
+    (res / "models" / "demo" / "config.json").write_text("{}")
+    (res / "models" / "demo" / "w.safetensors.incomplete").write_text("")
+    (res / "__pycache__" / "x.pyc").write_text("")
+    (res / ".DS_Store").write_text("")
+    (res / "__init__.py").write_text("")
+    got = sorted((Path(s).name, d) for s, d in mb.resources_datas(res))
+    assert got == [("__init__.py", "resources"), ("config.json", "resources/models/demo")]
+
+
+def test_metallib_is_linked_beside_every_libmlx():
+    toc = [("libmlx.dylib", "mlx/lib/libmlx.dylib", "SYMLINK"),
+           ("mlx/lib/libmlx.dylib", "/s/libmlx.dylib", "BINARY"),
+           ("mlx/lib/mlx.metallib", "/s/mlx.metallib", "DATA"),
+           ("mlx/lib/libjaccl.dylib", "/s/libjaccl.dylib", "BINARY"),
+           ("deep/er/libmlx.dylib", "/s/libmlx.dylib", "BINARY")]
+    assert mb.metallib_entries(toc) == [
+        ("mlx.metallib", "mlx/lib/mlx.metallib", "SYMLINK"),
+        ("deep/er/mlx.metallib", "../../mlx/lib/mlx.metallib", "SYMLINK")]
+    with pytest.raises(ValueError):
+        mb.metallib_entries([e for e in toc if not e[0].endswith(".metallib")])
+
+
+def test_prune_toc_drops_unused_qt_and_excluded_metadata():
+    keep = ["PySide6/Qt/lib/libQt6Widgets.so.6", "PySide6/Qt/lib/QtCharts.framework/Versions/A/QtCharts",
+            "PySide6/Qt/lib/libQt6OpenGL.so.6", "PySide6/Qt/plugins/imageformats/libqsvg.so",
+            "tokenizers-0.23.3.dist-info/METADATA", "mlx/lib/libmlx.dylib"]
+    drop = ["PySide6/Qt/lib/libQt6Quick.so.6", "libQt6Qml.so.6", "libQt6VirtualKeyboard.so.6",
+            "PySide6/Qt/lib/QtQml.framework/Versions/A/QtQml", "PySide6/Qt/lib/libQt6Pdf.so.6",
+            "PySide6/Qt/plugins/imageformats/libqpdf.so",
+            "PySide6/Qt/plugins/platforminputcontexts/libqtvirtualkeyboardplugin.so",
+            "torch-2.13.0+cpu.dist-info/METADATA"]
+    toc = [(d, "src", "BINARY") for d in keep + drop]
+    assert [e[0] for e in mb.prune_toc(toc)] == keep
+
+
+def _fake_frozen(root: Path, *, mac: bool) -> Path:
+    lib = root / "mlx" / "lib"
+    lib.mkdir(parents=True)
+    (lib / ("libmlx.dylib" if mac else "libmlx.so")).write_bytes(b"x")
+    (root / "mlx" / ("core.cpython-312-darwin.so" if mac else "core.cpython-311-x86_64-linux-gnu.so")).write_bytes(b"x")
+    (root / "mlx_lm" / "models").mkdir(parents=True)
+    for m in ("qwen3_5.py", "qwen3_5_moe.py"):
+        (root / "mlx_lm" / "models" / m).write_text("")
+    (root / "resources" / "models").mkdir(parents=True)
+    if not mac:
+        (root / "mlx_cpu.libs").mkdir()
+    return root
+
+
+def test_verify_tree_linux_layout(tmp_path):
+    root = _fake_frozen(tmp_path / "linux", mac=False)
+    assert mb.verify_tree(root, mac=False) == []
+    (root / "torch").mkdir()
+    (root / "libQt6Quick.so.6").write_bytes(b"x")
+    (root / "mlx_lm" / "models" / "qwen3_5.py").unlink()
+    problems = "\n".join(mb.verify_tree(root, mac=False))
+    assert "torch" in problems and "libQt6Quick" in problems and "qwen3_5.py" in problems
+
+
+def test_verify_tree_mac_needs_a_metallib_beside_each_libmlx(tmp_path):
+    root = _fake_frozen(tmp_path / "app", mac=True)
+    assert any("mlx.metallib" in p for p in mb.verify_tree(root, mac=True))
+    (root / "mlx" / "lib" / "mlx.metallib").write_bytes(b"m")
+    assert mb.verify_tree(root, mac=True) == []
+    (root / "libmlx.dylib").symlink_to("mlx/lib/libmlx.dylib")  # PyInstaller's top-level link
+    assert [p for p in mb.verify_tree(root, mac=True)] == ["libmlx.dylib has no mlx.metallib beside it"]
+    (root / "mlx.metallib").symlink_to("mlx/lib/mlx.metallib")
+    assert mb.verify_tree(root, mac=True) == []
+    assert mb.main(["verify", str(root), "--mac"]) == 0
+
+
+def _macho(minos: tuple[int, int], *, fat: bool = False) -> bytes:
+    version = (minos[0] << 16) | (minos[1] << 8)
+    build = struct.pack("<IIIIII", 0x32, 24, 1, version, version, 0)
+    thin = struct.pack("<IiiIIIII", 0xFEEDFACF, 0x0100000C, 0, 6, 1, len(build), 0, 0) + build
+    if not fat:
+        return thin
+    header = struct.pack(">II", 0xCAFEBABE, 1) + struct.pack(">iiIII", 0x0100000C, 0, 4096, len(thin), 14)
+    return header.ljust(4096, b"\0") + thin
+
+
+def test_minimum_macos_of_binaries(tmp_path):
+    (tmp_path / "ok.dylib").write_bytes(_macho((14, 0)))
+    (tmp_path / "fat.so").write_bytes(_macho((11, 0), fat=True))
+    (tmp_path / "new.dylib").write_bytes(_macho((15, 2)))
+    (tmp_path / "text.txt").write_text("not mach-o")
+    assert mb.macho_min_os(tmp_path / "fat.so") == (11, 0)
+    assert mb.macho_min_os(tmp_path / "text.txt") is None
+    assert mb.too_new_binaries(tmp_path, (14, 0)) == ["new.dylib needs macOS 15.2"]
+    assert mb.main(["minos", str(tmp_path), "--max", "14.0"]) == 1
+    assert mb.main(["minos", str(tmp_path), "--max", "15.2"]) == 0
+
+
+# ------------------------------------------------------------------------------- the icon
+def test_icon_png_is_1024_square_with_transparency(qapp):
+    from PySide6.QtGui import QImage
+
+    img = QImage(str(PACKAGING / "icon" / "icon.png"))
+    assert (img.width(), img.height()) == (1024, 1024)
+    assert img.hasAlphaChannel()
+    assert img.pixelColor(0, 0).alpha() == 0           # transparent margin (macOS icon grid)
+    assert img.pixelColor(512, 512).alpha() == 255     # opaque body
+
+
+def test_make_icns_writes_every_size(tmp_path, qapp):
+    from PySide6.QtGui import QImage
+
+    icns = _load("make_icns")
+    out = icns.build_icns(PACKAGING / "icon" / "icon.png", tmp_path / "x.icns", backend="qt")
+    entries = icns.read_icns(out.read_bytes())
+    assert set(entries) == {t for t, _px, _n in icns.ENTRIES}
+    for kind, px, _name in icns.ENTRIES:
+        img = QImage.fromData(entries[kind], "PNG")
+        assert (img.width(), img.height()) == (px, px), kind
+    with pytest.raises(ValueError):
+        icns.read_icns(b"icns\0\0\0\x09x")
+
+
+def test_launcher_drops_finder_psn_argument(monkeypatch):
+    import app.main
+
+    launcher = _load("launcher")
+    seen = {}
+    monkeypatch.setattr(app.main, "main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setattr(sys, "argv", ["MTP Chat", "-psn_0_12345", "--quit-after", "1"])
+    launcher.run()
+    assert seen["argv"] == ["--quit-after", "1"]
+
+
+# ---------------------------------------------------------------- the real Linux build (slow)
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux smoke build")
+def test_smoke_linux_builds_and_self_tests(tmp_path):
+    if shutil.which("bash") is None:
+        pytest.skip("bash missing")
+    env = dict(os.environ, PYTHON=sys.executable)
+    env.pop("MTPCHAT_HOME", None)
+    out = subprocess.run(["bash", "packaging/smoke_linux.sh", "--work", str(tmp_path / "work")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "smoke test passed" in out.stdout
+    assert "build size:" in out.stdout and "build time:" in out.stdout
