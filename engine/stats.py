@@ -90,6 +90,7 @@ class MemorySample:
 class StatsSnapshot:
     """Everything the dashboard shows, computed from the events seen so far."""
 
+    elapsed: float  # clock seconds since the aggregator was made (x axis of ``tps_series``)
     requests: int
     active: bool
     last_finish_reason: str | None
@@ -371,7 +372,8 @@ class StatsAggregator:
         series = tuple((b * SERIES_BUCKET_S, n / t) for b, n, t in self._buckets if t > 0)
         last = self._recent[-1] if self._recent else None
         return StatsSnapshot(
-            requests=self._requests, active=self._active, last_finish_reason=self._last_reason,
+            elapsed=now - self._t0, requests=self._requests, active=self._active,
+            last_finish_reason=self._last_reason,
             cycles=self._cycles, tokens=self._tokens, decode_seconds=self._seconds,
             tps_instant=self._instant(),
             tps_window=self._win_tokens / self._win_seconds if self._win_seconds > 0 else 0.0,

@@ -1,0 +1,451 @@
+"""The live speculative-stats window: speed, acceptance, cycle timing, depth, memory, tuner.
+
+Slots (connect the worker's signals to them):
+- ``on_stats(request_id, obj)``: ``obj`` is a ``PrefillStats`` or ``CycleStats``; it only goes
+  into a ``StatsAggregator`` (microseconds), never straight to the screen.
+- ``on_finished(request_id, reason, summary)``: a reply ended.
+- ``on_tune_progress(done, total, message)``: the tuner is running.
+- ``set_model_info(info)``, ``set_tuner_result(result)`` (a ``TuneResult`` or its dict).
+
+Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button.
+
+A ``QTimer`` repaints at most every ``REFRESH_MS`` and only when something changed (memory is
+re-read every ``IDLE_REFRESH_MS`` while idle), so generation speed does not depend on the UI.
+"""
+from __future__ import annotations
+
+import logging
+
+import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; before any Qt call)
+
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtWidgets import (
+    QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+    QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+from app.charts import (
+    AMBER, BLUE, GREEN, GREY, RED, BarChart, DepthChart, Gauge, LineChart, Meter, Waterfall,
+    band_colour, fmt_bytes,
+)
+from engine.stats import StatsAggregator, StatsSnapshot
+from engine.types import CycleStats, ModelInfo, PrefillStats
+
+log = logging.getLogger(__name__)
+
+REFRESH_MS = 300
+IDLE_REFRESH_MS = 2000
+PHASES = ("draft", "verify", "accept", "commit", "other")
+CARD_STYLE = """
+QFrame#card { background: palette(base); border: 1px solid palette(midlight);
+              border-radius: 10px; }
+QLabel#cardTitle { font-weight: 600; }
+QLabel#muted, QLabel#tileCaption { color: palette(placeholder-text); }
+QLabel#tileValue { font-size: 17pt; font-weight: 600; }
+QLabel#pill { border-radius: 9px; padding: 2px 10px; color: white; font-weight: 600; }
+"""
+
+
+def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tuple[QFrame, QVBoxLayout, QLabel]:
+    frame = QFrame()
+    frame.setObjectName("card")
+    lay = QVBoxLayout(frame)
+    lay.setContentsMargins(12, 10, 12, 10)
+    lay.setSpacing(4)
+    head = QHBoxLayout()
+    t = QLabel(title)
+    t.setObjectName("cardTitle")
+    head.addWidget(t)
+    head.addStretch(1)
+    sub = QLabel(subtitle)
+    sub.setObjectName("muted")
+    head.addWidget(sub)
+    lay.addLayout(head)
+    if body is not None:
+        lay.addWidget(body, 1)
+    frame.setAccessibleName(title)
+    return frame, lay, sub
+
+
+class _Tile(QWidget):
+    def __init__(self, caption: str) -> None:
+        super().__init__()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        self.caption = QLabel(caption)
+        self.caption.setObjectName("tileCaption")
+        self.value = QLabel("–")
+        self.value.setObjectName("tileValue")
+        self.note = QLabel("")
+        self.note.setObjectName("muted")
+        for w in (self.caption, self.value, self.note):
+            lay.addWidget(w)
+        self.setAccessibleName(caption)
+
+    def set(self, value: str, note: str = "") -> None:
+        self.value.setText(value)
+        self.note.setText(note)
+
+
+class DashboardWindow(QWidget):
+    """See the module docstring."""
+
+    tune_requested = Signal()
+    tune_cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None, *,
+                 aggregator: StatsAggregator | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("MTP Chat — Speculative decoding dashboard")
+        self.setStyleSheet(CARD_STYLE)
+        self.resize(1360, 940)
+        self.aggregator = aggregator or StatsAggregator()
+        self.info: ModelInfo | None = None
+        self.tuner: dict | None = None
+        self.last_snapshot: StatsSnapshot | None = None
+        self.last_summary: dict | None = None
+        self.request_id: int | None = None
+        self.refreshes = 0
+        self._dirty = True
+        self._tuning = False
+        self._build()
+        self._timer = QTimer(self)
+        self._timer.setInterval(REFRESH_MS)
+        self._timer.timeout.connect(self._tick)
+        self._idle_ticks = 0
+        self._timer.start()
+
+    # -- layout ----------------------------------------------------------------------------
+    def _build(self) -> None:
+        grid = QGridLayout(self)
+        grid.setContentsMargins(14, 12, 14, 14)
+        grid.setHorizontalSpacing(12)
+        grid.setVerticalSpacing(12)
+        grid.addLayout(self._header(), 0, 0, 1, 6)
+        self.gauge = Gauge()
+        gauge_card, _, self.gauge_sub = _card("Decode speed", self.gauge)
+        grid.addWidget(gauge_card, 1, 0, 1, 2)
+        grid.addWidget(self._tiles_card(), 1, 2, 1, 2)
+        grid.addWidget(self._memory_card(), 1, 4, 1, 2)
+        self.series = LineChart()
+        card, _, self.series_sub = _card("Tokens per second, last 5 minutes", self.series)
+        grid.addWidget(card, 2, 0, 1, 4)
+        self.acceptance = BarChart(ymax=1.0, bands=True)
+        self.acceptance.empty_text = "No drafts yet"
+        card, _, self.acceptance_sub = _card("Acceptance by draft position", self.acceptance,
+                                             subtitle="smoothed")
+        grid.addWidget(card, 2, 4, 1, 2)
+        self.histogram = BarChart(fmt="{:.0%}", axis_fmt="{:.0%}")
+        self.histogram.empty_text = "No drafts yet"
+        card, _, self.histogram_sub = _card("Accepted drafts per cycle", self.histogram)
+        grid.addWidget(card, 3, 0, 1, 2)
+        self.waterfall = Waterfall()
+        card, _, self.waterfall_sub = _card("Verify waterfall", self.waterfall)
+        grid.addWidget(card, 3, 2, 1, 2)
+        self.depth_chart = DepthChart()
+        card, _, self.depth_sub = _card("Depth per cycle", self.depth_chart)
+        grid.addWidget(card, 3, 4, 1, 2)
+        grid.addWidget(self._tuner_card(), 4, 0, 1, 6)
+        for row, stretch in ((1, 3), (2, 3), (3, 3), (4, 3)):
+            grid.setRowStretch(row, stretch)
+        for col in range(6):
+            grid.setColumnStretch(col, 1)
+
+    def _header(self) -> QHBoxLayout:
+        lay = QHBoxLayout()
+        title = QLabel("Speculative decoding")
+        title.setStyleSheet("font-size: 16pt; font-weight: 700;")
+        lay.addWidget(title)
+        self.model_label = QLabel("no model loaded")
+        self.model_label.setObjectName("muted")
+        lay.addWidget(self.model_label)
+        lay.addStretch(1)
+        self.summary_label = QLabel("")
+        self.summary_label.setObjectName("muted")
+        lay.addWidget(self.summary_label)
+        self.status = QLabel("idle")
+        self.status.setObjectName("pill")
+        self.status.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.status.setMinimumWidth(self.status.fontMetrics().horizontalAdvance("generating") + 36)
+        self.status.setAccessibleName("Generation status")
+        lay.addWidget(self.status)
+        clear = QPushButton("Clear")
+        clear.setToolTip("Forget the statistics gathered so far")
+        clear.clicked.connect(self.clear)
+        lay.addWidget(clear)
+        return lay
+
+    def _tiles_card(self) -> QFrame:
+        card, lay, _ = _card("At a glance", subtitle="last reply · session totals")
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(18)
+        self.t_ttft, self.t_prefill = _Tile("Time to first token"), _Tile("Prefill")
+        self.t_cycle, self.t_extra = _Tile("Tokens per cycle"), _Tile("Correction / bonus")
+        self.t_depth, self.t_tokens = _Tile("Depth now"), _Tile("Tokens")
+        for i, t in enumerate((self.t_ttft, self.t_prefill, self.t_cycle, self.t_extra,
+                               self.t_depth, self.t_tokens)):
+            grid.addWidget(t, i // 3, i % 3)
+        lay.addLayout(grid)
+        self.context = Meter("Context")
+        lay.addWidget(self.context)
+        return card
+
+    def _memory_card(self) -> QFrame:
+        card, lay, self.memory_sub = _card("Memory")
+        self.m_active, self.m_peak = Meter("MLX active"), Meter("MLX peak")
+        self.m_rss, self.m_system = Meter("Process"), Meter("System")
+        self.m_weights = Meter("Weights")
+        for m in (self.m_weights, self.m_active, self.m_peak, self.m_rss, self.m_system):
+            lay.addWidget(m)
+        self.memory_note = QLabel("")
+        self.memory_note.setObjectName("muted")
+        self.memory_note.setWordWrap(True)
+        lay.addWidget(self.memory_note)
+        lay.addStretch(1)
+        return card
+
+    def _tuner_card(self) -> QFrame:
+        card, lay, self.tuner_sub = _card("Depth tuner", subtitle="not run on this machine yet")
+        row = QHBoxLayout()
+        self.tuner_table = QTableWidget(0, 5)
+        self.tuner_table.setHorizontalHeaderLabels(
+            ["Depth", "tok/s", "Speed-up", "Tokens/cycle", "Acceptance by position"])
+        self.tuner_table.verticalHeader().setVisible(False)
+        header = self.tuner_table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        self.tuner_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.tuner_table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
+        self.tuner_table.setAccessibleName("Tuner results")
+        row.addWidget(self.tuner_table, 3)
+        self.tuner_chart = BarChart(fmt="{:.1f}", min_height=120)
+        self.tuner_chart.empty_text = "Run the tuner to compare depths"
+        row.addWidget(self.tuner_chart, 2)
+        side = QVBoxLayout()
+        self.tune_button = QPushButton("Run tuner")
+        self.tune_button.setAccessibleName("Run the depth tuner")
+        self.tune_button.clicked.connect(self._on_tune_clicked)
+        side.addWidget(self.tune_button)
+        self.tuner_message = QLabel("Measures plain decoding against depths 1..N on this "
+                                    "machine and keeps a depth only if it is faster.")
+        self.tuner_message.setWordWrap(True)
+        self.tuner_message.setObjectName("muted")
+        side.addWidget(self.tuner_message, 1)
+        row.addLayout(side, 1)
+        lay.addLayout(row, 1)
+        return card
+
+    # -- slots -----------------------------------------------------------------------------
+    @Slot(int, object)
+    def on_stats(self, request_id: int, obj: object) -> None:
+        """Cheap: record and mark dirty; the timer repaints."""
+        try:
+            if isinstance(obj, CycleStats):
+                self.aggregator.add_cycle(obj)  # (a request without a prefill starts here)
+            elif isinstance(obj, PrefillStats):
+                self.aggregator.add_prefill(obj)
+            else:
+                return
+            self.request_id = request_id
+        except Exception:  # stats must never break the app
+            log.exception("bad stats object %r", type(obj))
+            return
+        self._dirty = True
+
+    @Slot(int, str, dict)
+    def on_finished(self, request_id: int, reason: str, summary: dict) -> None:
+        mine = self.aggregator.finish(reason)
+        self.last_summary = {**mine, **(summary or {})}
+        self._dirty = True
+
+    @Slot(int, int, str)
+    def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        self._set_tuning(True)
+        self.tuner_sub.setText(f"running: {done}/{total}")
+        self.tuner_message.setText(message)
+
+    def set_model_info(self, info: ModelInfo) -> None:
+        self.info = info
+        mtp = f"MTP depth ≤ {info.max_depth}" if info.has_mtp else "no MTP head"
+        self.model_label.setText(f"{info.name} · {info.family} · {mtp}")
+        self._dirty = True
+
+    def set_tuner_result(self, result) -> None:
+        """A ``TuneResult`` (or its ``to_dict()``, e.g. read back from the store); None clears."""
+        self._set_tuning(False)
+        self.tuner = result.to_dict() if hasattr(result, "to_dict") else result
+        self._show_tuner()
+
+    def clear(self) -> None:
+        self.aggregator = StatsAggregator(self.aggregator.window_s)
+        self.last_summary = None
+        self._dirty = True
+        self.refresh()
+
+    def _on_tune_clicked(self) -> None:
+        if self._tuning:
+            self.tune_cancel_requested.emit()
+        else:
+            self._set_tuning(True)
+            self.tuner_message.setText("Starting…")
+            self.tune_requested.emit()
+
+    def _set_tuning(self, on: bool) -> None:
+        self._tuning = on
+        self.tune_button.setText("Cancel tuning" if on else "Run tuner")
+
+    def _tick(self) -> None:
+        self._idle_ticks += 1
+        if not self.isVisible():
+            return
+        if self._dirty or self._idle_ticks * REFRESH_MS >= IDLE_REFRESH_MS:
+            self.refresh()
+
+    # -- painting --------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Take a snapshot and push it into the widgets (the only place that reads stats)."""
+        self._dirty = False
+        self._idle_ticks = 0
+        s = self.aggregator.snapshot()
+        self.last_snapshot = s
+        self.refreshes += 1
+        self._show_speed(s)
+        self._show_tiles(s)
+        self._show_acceptance(s)
+        self._show_cycle(s)
+        self._show_memory(s)
+
+    def _show_speed(self, s: StatsSnapshot) -> None:
+        live = s.active
+        self.status.setText("generating" if live else "idle")
+        self.status.setStyleSheet(f"background: {(GREEN if live else GREY).name()};")
+        caption = f"5-min average {s.tps_window:.1f}" if s.tps_window else "no recent decoding"
+        self.gauge.set_value(s.tps_instant, caption=caption, dim=not live)
+        self.gauge_sub.setText("live" if live else "last reply")
+        self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
+                               reference=("5-min average", s.tps_window) if s.tps_window else None)
+        self.series_sub.setText(f"{s.tokens} tokens in {s.requests} replies")
+        if self.last_summary and not live:
+            m = self.last_summary
+            self.summary_label.setText(
+                f"last reply: {m.get('tokens', 0)} tokens, {m.get('tokens_per_second', 0):.1f} "
+                f"tok/s, {m.get('finish_reason', '')}")
+
+    def _show_tiles(self, s: StatsSnapshot) -> None:
+        self.t_ttft.set(f"{1000 * s.ttft_s:.0f} ms" if s.ttft_s is not None else "–",
+                        f"{s.prompt_tokens} prompt tokens" if s.prompt_tokens else "")
+        self.t_prefill.set(f"{s.prefill_tps:.0f} tok/s" if s.prefill_tps else "–",
+                           f"{s.reused_tokens} reused from cache" if s.reused_tokens else "")
+        self.t_cycle.set(f"{s.tokens_per_cycle:.2f}" if s.cycles else "–",
+                         f"{s.accepted_mean:.2f} drafts accepted" if s.spec_cycles else "")
+        total = s.corrections + s.bonuses
+        self.t_extra.set(f"{s.corrections} / {s.bonuses}" if total else "–",
+                         f"{100 * s.bonuses / total:.0f}% all drafts kept" if total else "")
+        last = s.depth_history[-1] if s.depth_history else None
+        self.t_depth.set(str(s.current_depth) if s.current_depth is not None else "–",
+                         last.reason if last and last.reason else "")
+        self.t_tokens.set(str(s.tokens), f"{s.cycles} cycles")
+        ctx = self.info.context_length if self.info else 0
+        if ctx:
+            frac = s.context_tokens / ctx
+            self.context.set_value(frac, f"{s.context_tokens:,} / {ctx:,}",
+                                   RED if frac > 0.9 else AMBER if frac > 0.75 else BLUE)
+        else:
+            self.context.set_value(0.0, f"{s.context_tokens:,} tokens")
+
+    def _show_acceptance(self, s: StatsSnapshot) -> None:
+        bars = [(f"D{p.position}", p.smoothed, band_colour(p.smoothed), f"overall {p.rate:.2f}")
+                for p in s.positions]
+        self.acceptance.set_bars(bars)
+        if s.positions:
+            expected = 1 + sum(p.smoothed for p in s.positions)
+            self.acceptance_sub.setText(f"smoothed · ≈{expected:.2f} tokens/cycle at full depth")
+        n = sum(s.accepted_hist)
+        colours = [RED] + [AMBER] * max(0, len(s.accepted_hist) - 2) + [GREEN]
+        self.histogram.set_bars([(str(k), c / n if n else 0.0, colours[min(k, len(colours) - 1)],
+                                  f"{c}") for k, c in enumerate(s.accepted_hist)])
+        self.histogram_sub.setText(f"{s.spec_cycles} speculative cycles" if n else "")
+
+    def _show_cycle(self, s: StatsSnapshot) -> None:
+        tr = s.time_recent
+        self.waterfall.set_phases(list(zip(PHASES, (tr.draft, tr.verify, tr.accept, tr.commit,
+                                                    tr.other))))
+        self.waterfall_sub.setText(f"mean of recent cycles · {1000 * tr.total:.1f} ms/cycle"
+                                   if tr.total else "")
+        max_depth = self.info.max_depth if self.info and self.info.max_depth else 3
+        self.depth_chart.set_points([(p.seq, p.depth, p.reason) for p in s.depth_history],
+                                    max_depth=max_depth)
+        last = s.depth_history[-1] if s.depth_history else None
+        self.depth_sub.setText(f"now D{last.depth}: {last.reason}" if last and last.reason
+                               else "")
+
+    def _show_memory(self, s: StatsSnapshot) -> None:
+        import psutil
+
+        m = s.memory
+        vm = psutil.virtual_memory()
+        total = vm.total
+        weights = self.info.bytes_on_disk if self.info else None
+
+        def colour(frac: float):
+            return RED if frac > 0.85 else AMBER if frac > 0.7 else BLUE
+
+        for meter, value in ((self.m_weights, weights),
+                             (self.m_active, m.active_bytes if m else None),
+                             (self.m_peak, m.peak_bytes if m else None),
+                             (self.m_rss, m.rss_bytes if m else None)):
+            frac = (value or 0) / total
+            meter.set_value(frac, fmt_bytes(value), colour(frac))
+        used = 1 - vm.available / total
+        self.m_system.set_value(used, f"{100 * used:.0f}% in use", colour(used))
+        self.memory_sub.setText(f"of {fmt_bytes(total)}")
+        if used > 0.85:
+            note = "Memory pressure: close other apps or choose a smaller model."
+        elif m is None or m.active_bytes is None:
+            note = "MLX figures appear once a model runs."
+        else:
+            note = f"Peak is {fmt_bytes(m.peak_bytes)}: {fmt_bytes(vm.available)} still available."
+        self.memory_note.setText(note)
+
+    def _show_tuner(self) -> None:
+        t = self.tuner
+        self.tuner_table.setRowCount(0)
+        if not t:
+            self.tuner_chart.set_bars([])
+            return
+        winner = t.get("best_depth", 0)
+        rows = t.get("rows", [])
+        self.tuner_table.setRowCount(len(rows))
+        for i, r in enumerate(rows):
+            acc = " / ".join(f"{a:.2f}" for a in r.get("acceptance", ())) or "–"
+            cells = (f"D{r['depth']}" + ("  ★" if r["depth"] == winner and winner else ""),
+                     f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}×",
+                     f"{r['tokens_per_cycle']:.2f}", acc)
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if r["depth"] == winner:
+                    f = item.font()
+                    f.setBold(True)
+                    item.setFont(f)
+                self.tuner_table.setItem(i, j, item)
+        base = t.get("baseline_tps", 0.0)
+        self.tuner_chart.set_bars(
+            [(f"D{r['depth']}", r["tokens_per_second"],
+              GREEN if r["depth"] == winner and winner else GREY if r["depth"] == 0 else BLUE,
+              f"{r['speedup']:.2f}×") for r in rows],
+            reference=("plain decoding", base) if base else None)
+        saved = "saved" if t.get("saved") else "not saved"
+        self.tuner_sub.setText(f"winner: D{winner} ({saved})" if winner
+                               else "winner: plain decoding")
+        self.tuner_message.setText(t.get("message", ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.dashboard_demo import main as demo_main
+
+    return demo_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
