@@ -106,7 +106,7 @@ class AdaptiveDepth:
         self._incumbent: int | None = None
         seeded = self._load(initial or {})
         if warmup is None:
-            warmup = 0 if seeded else 2 * (max_depth + 1)
+            warmup = 0 if seeded else 2 * (max_depth + 1)  # every depth twice
         self.warmup = warmup if max_depth > 0 else 0
         self._schedule = [max_depth] + list(range(max_depth))  # D, 0, 1, ..., D-1
 
@@ -246,7 +246,29 @@ class AdaptiveDepth:
             self._incumbent = depth
         return len(costs) >= 2
 
+    def estimates_line(self) -> str:
+        """One line for logs: acceptance, costs (ms) and scores by depth."""
+        e = self.estimates()
+        acc = " ".join(f"{a:.2f}" for a in e["acceptance"])
+        cost = " ".join(f"{1000 * t:.1f}" for t in e["cost"])
+        score = " ".join(f"{x:.0f}" for x in e["score"])
+        return f"depth {e['depth']} | a: {acc} | ms: {cost} | tok/s: {score}"
+
     def estimates(self) -> dict:
         """What the controller currently believes (for logs and the dashboard)."""
         return {"acceptance": self.acceptance(), "cost": self.costs(), "score": self.scores(),
                 "depth": self._incumbent, "epsilon": self.epsilon(), "cycles": self._cycles}
+
+
+def controller_for(owner: object, max_depth: int, *, initial: dict | None = None) -> AdaptiveDepth:
+    """The controller kept on ``owner`` (e.g. the ``Model``), so what it learnt carries from
+    one reply to the next: the warm-up runs once per model, and each later call starts a new
+    request (``new_request()``). ``initial`` (e.g. the tuner's ``adaptive_initial``) is used
+    only when the controller is created."""
+    ctrl = getattr(owner, "_adaptive_depth", None)
+    if not isinstance(ctrl, AdaptiveDepth) or ctrl.max_depth != max_depth:
+        ctrl = AdaptiveDepth(max_depth, initial=initial)
+        setattr(owner, "_adaptive_depth", ctrl)
+    else:
+        ctrl.new_request()
+    return ctrl

@@ -208,3 +208,21 @@ def test_invalid_arguments():
         AdaptiveDepth(-1)
     with pytest.raises(ValueError):
         AdaptiveDepth(2, explore=0.01, explore_min=0.5)
+
+
+def test_controller_for_keeps_one_per_owner():
+    from engine.adaptive import controller_for
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    first = controller_for(owner, 3)
+    simulate(first, [(HIGH, 0.02, 0.003, 50)], seed=0)
+    again = controller_for(owner, 3)
+    assert again is first and again.epsilon() == again.explore  # a new request restarts exploring
+    assert again.choose()[1] != "warmup"
+    assert controller_for(owner, 2) is not first  # a different head depth: a new controller
+    seeded = controller_for(Owner(), 3, initial={"acceptance": [0.9], "cost": {"0": 0.02, "3": 0.03}})
+    assert seeded.warmup == 0
+    assert "tok/s" in seeded.estimates_line()
