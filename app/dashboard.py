@@ -373,6 +373,10 @@ class DashboardWindow(QWidget):
                                                     tr.other))))
         self.waterfall_sub.setText(f"mean of recent cycles · {1000 * tr.total:.1f} ms/cycle"
                                    if tr.total else "")
+        self.waterfall.setToolTip(
+            "Profiled: each phase synchronised on its own." if s.profiled else
+            "One sync per cycle: 'verify' includes the draft's compute and 'draft' is the host "
+            "time to build it. Turn on profiling for a true split.")
         max_depth = self.info.max_depth if self.info and self.info.max_depth else 3
         self.depth_chart.set_points([(p.seq, p.depth, p.reason) for p in s.depth_history],
                                     max_depth=max_depth)

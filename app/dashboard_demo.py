@@ -47,7 +47,7 @@ def simulated_cycle(rng, index: int, depth: int, profile, reason: str, ctx: int)
                       accepted=accepted, emitted=emitted,
                       from_draft=(True,) * accepted + (False,), extra_kind=kind, t_draft=td,
                       t_verify=tv, t_accept=ta, t_commit=tc, t_total=td + tv + ta + tc + to,
-                      context_tokens=ctx + len(emitted), depth_reason=reason)
+                      context_tokens=ctx + len(emitted), host_syncs=4, depth_reason=reason)
 
 
 class DemoFeed(QObject):

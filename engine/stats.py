@@ -114,6 +114,7 @@ class StatsSnapshot:
     plain: int
     time_recent: TimeSplit
     time_total: TimeSplit
+    profiled: bool  # the last cycle synchronised after each phase (a true time split)
     context_tokens: int
     current_depth: int | None
     depth_history: tuple[DepthPoint, ...]
@@ -389,6 +390,7 @@ class StatsAggregator:
             corrections=self._kinds["correction"], bonuses=self._kinds["bonus"],
             plain=self._kinds["plain"],
             time_recent=self._recent_split(), time_total=TimeSplit(*self._split),
+            profiled=bool(last and last.host_syncs > 1),
             context_tokens=self._context,
             current_depth=last.depth if last else None,
             depth_history=tuple(self._depths),

@@ -109,6 +109,10 @@ def test_time_split_recent_and_total():
     assert s.time_total.other == pytest.approx(0.01 + 0.01)
     assert s.time_recent.verify == pytest.approx(0.065)
     assert s.time_recent.total == pytest.approx(0.11)
+    assert not s.profiled
+    agg.add_cycle(CycleStats(index=2, depth=0, drafted=(), accepted=0, emitted=(1,),
+                             from_draft=(False,), extra_kind="plain", t_total=0.1, host_syncs=4))
+    assert agg.snapshot().profiled
     assert TimeSplit().total == 0.0
 
 
