@@ -4,7 +4,7 @@ Slots (connect the worker's signals to them):
 - ``on_stats(request_id, obj)``: ``obj`` is a ``PrefillStats`` or ``CycleStats``; it only goes
   into a ``StatsAggregator`` (microseconds), never straight to the screen.
 - ``on_finished(request_id, reason, summary)``: a reply ended.
-- ``on_tune_progress(done, total, message)``: the tuner is running.
+- ``on_tune_progress(done, total, message)``, ``on_tune_failed(message)``: the tuner's run.
 - ``set_model_info(info)``, ``set_tuner_result(result)`` (a ``TuneResult`` or its dict).
 
 Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button.
@@ -265,11 +265,20 @@ class DashboardWindow(QWidget):
         self.tuner_sub.setText(f"running: {done}/{total}")
         self.tuner_message.setText(message)
 
+    @Slot(str)
+    def on_tune_failed(self, message: str) -> None:
+        self._set_tuning(False)
+        self.tuner_sub.setText("tuning failed")
+        self.tuner_message.setText(message)
+
     def set_model_info(self, info: ModelInfo) -> None:
+        """Show the model, and the tuner result saved for it on this machine (if any)."""
         self.info = info
         mtp = f"MTP depth ≤ {info.max_depth}" if info.has_mtp else "no MTP head"
         self.model_label.setText(f"{info.name} · {info.family} · {mtp}")
         self._dirty = True
+        if not self._tuning:
+            self.set_tuner_result(_saved_tuning(info.path))
 
     def set_tuner_result(self, result) -> None:
         """A ``TuneResult`` (or its ``to_dict()``, e.g. read back from the store); None clears."""
@@ -417,6 +426,7 @@ class DashboardWindow(QWidget):
         self.tuner_table.setRowCount(0)
         if not t:
             self.tuner_chart.set_bars([])
+            self.tuner_sub.setText("not run on this machine yet")
             return
         winner = t.get("best_depth", 0)
         rows = t.get("rows", [])
@@ -443,6 +453,16 @@ class DashboardWindow(QWidget):
         self.tuner_sub.setText(f"winner: D{winner} ({saved})" if winner
                                else "winner: plain decoding")
         self.tuner_message.setText(t.get("message", ""))
+
+
+def _saved_tuning(model_path: str) -> dict | None:
+    try:
+        from engine import store
+
+        return store.read_tuned(model_path)
+    except Exception:  # a broken store file must not break the dashboard
+        log.warning("could not read the saved tuning of %s", model_path, exc_info=True)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,14 +182,18 @@ def tune(model, *, depths: Sequence[int] = (1, 2, 3, 4), prompts: Sequence[str] 
 
 
 def _check_depths(model, depths: Sequence[int]) -> tuple[int, ...]:
+    """Sorted, unique depths >= 1; those above the model's head depth are dropped (logged)."""
     info = getattr(model, "info", None)
     if info is not None and not info.has_mtp:
         raise GenerationError("This model has no MTP head: plain decoding is all it can do.")
     limit = info.max_depth if info is not None and info.max_depth > 0 else None
-    out = sorted({int(d) for d in depths})
-    if not out or out[0] < 1 or (limit is not None and out[-1] > limit):
+    asked = sorted({int(d) for d in depths})
+    out = [d for d in asked if d >= 1 and (limit is None or d <= limit)]
+    if not out or asked[0] < 1:
         top = limit if limit is not None else "N"
         raise GenerationError(f"depths must be between 1 and {top}, got {list(depths)}")
+    if len(out) < len(asked):
+        log.warning("depths above this model's %s dropped: %s", limit, asked[len(out):])
     return tuple(out)
 
 

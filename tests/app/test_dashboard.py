@@ -133,6 +133,30 @@ def test_tune_button_requests_and_cancels(qtbot, window):
     assert window.tuner_sub.text() == "running: 3/96"
     with qtbot.waitSignal(window.tune_cancel_requested, timeout=1000):
         window.tune_button.click()
+    window.on_tune_failed("Load a model before tuning it.")
+    assert window.tune_button.text() == "Run tuner"
+    assert window.tuner_message.text() == "Load a model before tuning it."
+
+
+def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from app.dashboard import DashboardWindow
+    from app.dashboard_demo import DEMO_INFO, demo_tune_result
+    from engine import store
+
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path))
+    result = demo_tune_result()
+    model_dir = tmp_path / "some-model"
+    store.write_tuned(model_dir, replace(result, saved=True).to_dict())
+    w = DashboardWindow()
+    qtbot.addWidget(w)
+    w.set_model_info(replace(DEMO_INFO, path=str(model_dir)))
+    assert w.tuner_table.rowCount() == len(result.rows)
+    assert w.tuner_sub.text() == f"winner: D{result.best_depth} (saved)"
+    w.set_model_info(replace(DEMO_INFO, path=str(tmp_path / "never-tuned")))
+    assert w.tuner_table.rowCount() == 0
+    assert w.tuner_sub.text() == "not run on this machine yet"
 
 
 def test_demo_feed_drives_the_window(qtbot):

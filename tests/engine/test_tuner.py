@@ -175,6 +175,10 @@ def test_rejects_models_without_mtp_and_bad_depths(home):
         tune(ScriptedModel(home / "m"), depths=(0, 2))
     with pytest.raises(GenerationError, match="between 1 and 4"):
         tune(ScriptedModel(home / "m"), depths=(5,))
+    model = ScriptedModel(home / "m")  # deeper than the head: dropped, the rest measured
+    result = tune(model, depths=(2, 6), prompts=["x"], repeats=1, max_tokens=10,
+                  clock=model.clock, save=False)
+    assert [r.depth for r in result.rows] == [0, 2]
 
 
 def test_cli_tune_json_on_a_tiny_model(tiny_dir, home, capsys):
