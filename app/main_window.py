@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, Qt, Slot
+from PySide6.QtCore import QEvent, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
@@ -45,6 +45,13 @@ from app.worker import Loader, WorkerThread
 log = logging.getLogger(__name__)
 
 
+def _warm_up_highlighter() -> None:
+    """Import Pygments and a lexer while idle, not in the middle of the first streamed reply."""
+    from app.chat.markdown import highlight_html
+
+    highlight_html("x = 1", "python", dark=False)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
@@ -71,6 +78,7 @@ class MainWindow(QMainWindow):
         self._open_initial_conversation()
         if autoload:
             self.load_model(model_path or self._initial_model())
+        QTimer.singleShot(200, _warm_up_highlighter)
 
     # -- construction ----------------------------------------------------------------------
     def _build_ui(self) -> None:
@@ -429,13 +437,14 @@ class MainWindow(QMainWindow):
         self.banner.show()
         self._sync_composer()
 
-    @Slot(object)
-    def on_tune_progress(self, progress) -> None:
-        self.statusBar().showMessage(f"Tuning: {progress}")
+    @Slot(int, int, str)
+    def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        self.statusBar().showMessage(f"Tuning {done}/{total}: {message}")
 
     @Slot(object)
     def on_tune_finished(self, result) -> None:
-        self.statusBar().showMessage(f"Tuning finished: {result}", 15000)
+        text = getattr(result, "message", None) or str(result)
+        self.statusBar().showMessage(f"Tuning finished: {text}", 15000)
 
     @Slot(str)
     def on_tune_failed(self, message: str) -> None:

@@ -1,10 +1,15 @@
-"""Work around a reference-count bug in PySide6 6.12.0: ``SignalInstance.emit()`` returns
-``True`` without taking a reference to it, so every emit from Python steals one reference of
-``True``. On Python 3.11 (``True`` is not immortal) a few hundred emits later the interpreter
-aborts with "Fatal Python error: bool_dealloc: deallocating True or False".
+"""Guard against a reference-count bug of PySide6 6.12.0 on Python 3.11.
 
-``install()`` measures one emit; only if it loses a reference does it wrap ``emit`` to give the
-reference back. Idempotent; harmless on fixed PySide6 releases (nothing is patched there).
+Measured here: with PySide6 6.12.0 every wrapped method that returns nothing hands back
+``None`` without taking a reference (``QLabel.setText``, ``QTimer.start``, ``processEvents``...)
+and ``SignalInstance.emit()`` does the same with ``True``. Python 3.12+ does not care (those
+objects are immortal there) but on 3.11 each call steals one reference, and a few thousand calls
+later the interpreter aborts with "Fatal Python error: none_dealloc" (or ``bool_dealloc``).
+PySide6 6.11.3 does not have the bug — pinning ``pyside6<6.12`` is the real fix.
+
+``install()`` measures one such call; only if references leak does it give ``None``, ``True``
+and ``False`` a reference count so large that no realistic number of calls can exhaust it (what
+CPython 3.12 does for immortal objects). It is idempotent and a no-op on unaffected versions.
 Importing any ``app`` Qt module installs it.
 """
 from __future__ import annotations
@@ -13,55 +18,51 @@ import ctypes
 import logging
 import sys
 
-from PySide6.QtCore import QObject, Signal, SignalInstance
-
 log = logging.getLogger(__name__)
 
-_installed = False
+_RESERVE = 1 << 40  # references added to each singleton; ~10^12 leaked calls to run out
+_state = {"checked": False, "patched": False}
 
 
-class _Probe(QObject):
-    ping = Signal()
+def leaks_singleton_refs() -> bool:
+    """Whether PySide6 calls drop references of ``None`` / ``True`` (the 6.12.0 bug)."""
+    from PySide6.QtCore import QObject, QTimer, Signal
+
+    class _Probe(QObject):
+        ping = Signal()
+
+    probe, timer = _Probe(), QTimer()
+    n0, t0 = sys.getrefcount(None), sys.getrefcount(True)
+    for _ in range(8):
+        timer.setInterval(1000)
+        probe.ping.emit()
+    lost_none = n0 - sys.getrefcount(None)
+    lost_true = t0 - sys.getrefcount(True)
+    return lost_none >= 8 or lost_true >= 8
 
 
-def emit_leaks_true() -> bool:
-    """Whether one ``emit()`` drops a reference of the bool it returns (the 6.12.0 bug)."""
-    probe = _Probe()
-    before = (sys.getrefcount(True), sys.getrefcount(False))
-    result = probe.ping.emit()
-    del result
-    after = (sys.getrefcount(True), sys.getrefcount(False))
-    leaked = after[0] < before[0] or after[1] < before[1]
-    if after[0] < before[0]:
-        _give_back(True)  # repair the probe's own emit
-    if after[1] < before[1]:
-        _give_back(False)
-    return leaked
-
-
-def _give_back(obj: object) -> None:
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+def _add_references(obj: object, n: int) -> None:
+    # ob_refcnt is the first Py_ssize_t of every object in release builds of CPython 3.11.
+    cell = ctypes.c_ssize_t.from_address(id(obj))
+    cell.value += n
 
 
 def install() -> bool:
-    """Patch ``SignalInstance.emit`` if (and only if) it leaks; returns whether it patched."""
-    global _installed
-    if _installed or sys.version_info >= (3, 12):  # True is immortal from 3.12 on
+    """Apply the guard if this PySide6 leaks; returns whether it did."""
+    if _state["checked"]:
+        return _state["patched"]
+    _state["checked"] = True
+    if sys.version_info >= (3, 12) or hasattr(sys, "gettotalrefcount"):
+        return False  # immortal singletons (3.12+), or a debug build with another layout
+    if not leaks_singleton_refs():
         return False
-    if not emit_leaks_true():
-        _installed = True
-        return False
-    original = SignalInstance.emit
+    for obj in (None, True, False):
+        _add_references(obj, _RESERVE)
+    _state["patched"] = True
+    import PySide6
 
-    def emit(self, *args):
-        result = original(self, *args)
-        if result is True or result is False:
-            _give_back(result)
-        return result
-
-    SignalInstance.emit = emit
-    _installed = True
-    log.debug("patched SignalInstance.emit (PySide6 emit() reference leak)")
+    log.info("PySide6 %s leaks references of None/True on Python %d.%d; guarded "
+                "(pin pyside6<6.12 to avoid it)", PySide6.__version__, *sys.version_info[:2])
     return True
 
 

@@ -1,7 +1,176 @@
-"""``--self-test`` (filled in by the chat window issue)."""
+"""``python -m app --self-test``: the real app, end to end, without a person.
+
+Starts the main window (offscreen unless a platform is set), loads the default model (or
+``--model PATH``) on the worker thread, sends one message through the composer, waits for the
+streamed reply and its stats, checks that the reply on screen is the reply persisted in SQLite
+(read back through a second connection), removes its test conversation and exits 0.
+Any failure exits non-zero with the reason on stderr: 2 = model missing, 1 = a check failed.
+
+``MTPCHAT_SELFTEST_FAKE=1`` swaps in the scripted fake engine (for the app's own tests only);
+``MTPCHAT_SELFTEST_TIMEOUT`` (seconds, default 600) bounds each wait.
+"""
 from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Slot
+
+log = logging.getLogger(__name__)
+
+PROMPT = "Hello! Please introduce yourself in one sentence."
+
+
+class SelfTestFailure(Exception):
+    pass
+
+
+def _say(msg: str) -> None:
+    print(f"self-test: {msg}", file=sys.stderr, flush=True)
 
 
 def run_self_test(args) -> int:
-    print("self-test: not implemented yet")
-    return 1
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    from app.paths import default_model_path
+
+    fake = os.environ.get("MTPCHAT_SELFTEST_FAKE") == "1"
+    path = str(args.model or default_model_path())
+    if not fake and not Path(path).exists():
+        _say(f"FAIL: model folder not found: {path}")
+        return 2
+    loader = None
+    if fake:
+        from app.fake_engine import FakeModel, make_fake_loader
+
+        loader = make_fake_loader(FakeModel(tokens_per_second=400))
+        if not Path(path).exists():
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix="mtpchat-fake-model-")
+        _say("using the scripted FAKE engine (MTPCHAT_SELFTEST_FAKE=1)")
+    qapp = QApplication.instance() or QApplication(sys.argv[:1])
+    qapp.setApplicationName("MTP Chat")
+    from app.main_window import MainWindow
+
+    window = MainWindow(model_path=path, loader=loader, autoload=False)
+    window.show()
+    try:
+        report = _SelfTest(window, path).run()
+    except SelfTestFailure as exc:
+        _say(f"FAIL: {exc}")
+        return 1
+    finally:
+        window.close()
+    _say("OK: " + report)
+    print("self-test: OK")
+    return 0
+
+
+class _SelfTest(QObject):
+    def __init__(self, window, path: str) -> None:
+        super().__init__()
+        self.w = window
+        self.path = path
+        self.timeout = float(os.environ.get("MTPCHAT_SELFTEST_TIMEOUT", "600"))
+        self.stats: list[object] = []
+        self.events: dict[str, object] = {}
+
+    def _wait(self, what: str, done) -> None:
+        from PySide6.QtCore import QCoreApplication, QEventLoop
+
+        deadline = time.monotonic() + self.timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise SelfTestFailure(f"timed out after {self.timeout:.0f} s waiting for {what}")
+            QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.005)
+
+    def run(self) -> str:
+        w = self.w
+        w.worker.loaded.connect(self._on_loaded)
+        w.worker.load_failed.connect(self._on_load_failed)
+        w.worker.stats.connect(self._on_stats)
+        w.session.stream_finished.connect(self._on_finished)
+        t0 = time.monotonic()
+        w.load_model(self.path)
+        self._wait("the model to load", lambda: "loaded" in self.events or "load_failed" in self.events)
+        if "load_failed" in self.events:
+            raise SelfTestFailure(f"loading {self.path} failed: {self.events['load_failed']}")
+        info = self.events["loaded"]
+        _say(f"loaded {info.name} ({info.num_parameters:,} parameters, MTP={info.has_mtp}) "
+             f"in {time.monotonic() - t0:.1f} s")
+        conv = self._send()
+        try:
+            return self._check(conv, info)
+        finally:
+            w.store.erase_conversation(conv)
+
+    def _send(self) -> int:
+        w = self.w
+        conv = w.session.new_conversation()
+        settings = replace(w.session.settings_for(conv), temperature=0.0, max_tokens=48,
+                           thinking=False)
+        w.store.set_conversation_settings(conv, settings.to_dict())
+        w.open_conversation(conv)
+        w.composer.edit.setPlainText(PROMPT)
+        if not w.composer.button.isEnabled():
+            raise SelfTestFailure("the Send button is disabled after the model loaded")
+        w.composer.button.click()
+        if not w.session.streams:
+            raise SelfTestFailure("sending did not start a reply")
+        self._wait("the reply", lambda: "finished" in self.events)
+        return conv
+
+    def _check(self, conv: int, info) -> str:
+        from app.db import ChatStore
+
+        msg_id, status = self.events["finished"]
+        if status != "done":
+            msg = self.w.store.message(msg_id)
+            raise SelfTestFailure(f"the reply ended with status {status!r}: "
+                                  f"{msg.meta.get('error') if msg else '?'}")
+        if not any(hasattr(s, "prompt_tokens") for s in self.stats):
+            raise SelfTestFailure("no prefill stats were received")
+        cycles = [s for s in self.stats if hasattr(s, "emitted")]
+        if not cycles:
+            raise SelfTestFailure("no decode-cycle stats were received")
+        other = ChatStore(self.w.store.path)  # a second connection: what is really on disk
+        try:
+            saved = other.message(msg_id)
+        finally:
+            other.close()
+        if saved is None or saved.meta.get("status") != "done":
+            raise SelfTestFailure("the reply was not persisted as finished")
+        shown = self.w.view.widgets.get(msg_id)
+        if shown is None or shown.content != saved.content:
+            raise SelfTestFailure("the reply on screen differs from the persisted reply")
+        summary = saved.meta.get("stats") or {}
+        if summary.get("tokens", 0) < 1:
+            raise SelfTestFailure("the reply has no tokens")
+        preview = " ".join(saved.content.split())[:80]
+        return (f"{summary['tokens']} tokens, {summary.get('tokens_per_s', 0):.1f} tok/s, "
+                f"TTFT {summary.get('ttft_s') or 0:.2f} s, {len(cycles)} cycles, "
+                f"persisted; reply: {preview!r}")
+
+    # Slots of a QObject living on the GUI thread: worker signals arrive queued.
+    @Slot(object)
+    def _on_loaded(self, info) -> None:
+        self.events["loaded"] = info
+
+    @Slot(str)
+    def _on_load_failed(self, message: str) -> None:
+        self.events["load_failed"] = message
+
+    @Slot(int, object)
+    def _on_stats(self, _rid: int, obj) -> None:
+        self.stats.append(obj)
+
+    @Slot(int, int, str)
+    def _on_finished(self, _conv: int, msg_id: int, status: str) -> None:
+        self.events["finished"] = (msg_id, status)

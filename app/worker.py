@@ -6,7 +6,8 @@ Slots (run on the worker thread; call them through queued signals or ``submit``/
 
 - ``load(path)``: loads a model with the injected ``loader`` (default ``engine.load``).
 - ``generate(request)``: runs one ``GenerationRequest``; streams ``delta``/``stats``.
-- ``tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if needed).
+- ``tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if it
+  is another model); ``cancel_tune()`` stops it (the result then has ``cancelled=True``).
 
 Signals (emitted from the worker thread, delivered queued to UI objects):
 
@@ -16,7 +17,7 @@ Signals (emitted from the worker thread, delivered queued to UI objects):
 - ``stats(request_id, obj)``: ``PrefillStats`` first, then one ``CycleStats`` per cycle.
 - ``finished(request_id, reason, summary)``: reason is "stop", "length" or "cancelled".
 - ``failed(request_id, message)``: the request ended with an error (never both finished and failed).
-- ``tune_progress(object)``, ``tune_finished(object)``, ``tune_failed(str)``.
+- ``tune_progress(done, total, message)``, ``tune_finished(TuneResult)``, ``tune_failed(str)``.
 
 Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
 and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
@@ -131,7 +132,7 @@ class Worker(QObject):
     stats = Signal(int, object)
     finished = Signal(int, str, dict)
     failed = Signal(int, str)
-    tune_progress = Signal(object)
+    tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
     tune_failed = Signal(str)
 
@@ -169,6 +170,9 @@ class Worker(QObject):
             ev = self._cancels.get(request_id)
         if ev is not None:
             ev.set()
+
+    def cancel_tune(self) -> None:
+        self._tune_cancel.set()
 
     def cancel_all(self) -> None:
         with self._lock:
@@ -279,8 +283,10 @@ class Worker(QObject):
             self._load(path)
         if self._model is None:
             raise EngineError("Load a model before tuning it.")
-        result = tuner.tune(self._model, progress=self.tune_progress.emit,
-                            cancel=self._tune_cancel)
+        def progress(done: int, total: int, message: str) -> None:
+            self.tune_progress.emit(int(done), int(total), str(message))
+
+        result = tuner.tune(self._model, progress=progress, cancel=self._tune_cancel)
         self.tune_finished.emit(result)
 
     @staticmethod

@@ -1,7 +1,9 @@
 """The windows other parts of the app provide (stats dashboard, model manager), opened lazily.
 
-``app.dashboard.DashboardWindow`` gets ``on_stats``/``on_finished``/``set_model_info``;
-``app.models_window.ModelsWindow`` emits ``load_requested(str)`` and ``tune_requested(str)``.
+``app.dashboard.DashboardWindow`` gets ``on_stats``/``on_finished``/``set_model_info`` and the
+tuner hooks (``on_tune_progress(done, total, message)``, ``set_tuner_result(result)``, its
+``tune_requested()``/``tune_cancel_requested()``); ``app.models_window.ModelsWindow`` emits
+``load_requested(str)`` and ``tune_requested(str)`` and gets whichever tuner hooks it defines.
 If a module cannot be imported (not built yet, or broken), the user gets a message box, not a
 crash.
 """
@@ -46,9 +48,11 @@ class AuxWindows(QObject):
             if cls is None:
                 return None
             self.dashboard = cls(parent=None)
-            self._worker.stats.connect(self.dashboard.on_stats)
-            self._worker.finished.connect(self.dashboard.on_finished)
-            self._worker.loaded.connect(self.dashboard.set_model_info)
+            w = self._worker
+            w.stats.connect(self.dashboard.on_stats)
+            w.finished.connect(self.dashboard.on_finished)
+            w.loaded.connect(self.dashboard.set_model_info)
+            self._connect_tuner(self.dashboard)
             if self.model_info is not None:
                 self.dashboard.set_model_info(self.model_info)
         _raise(self.dashboard)
@@ -62,14 +66,26 @@ class AuxWindows(QObject):
             self.models = cls(parent=None)
             self.models.load_requested.connect(self._on_load)
             self.models.tune_requested.connect(self._on_tune)
-            for sig, slot in (("tune_progress", "on_tune_progress"),
-                              ("tune_finished", "on_tune_finished"),
-                              ("tune_failed", "on_tune_failed")):
-                target = getattr(self.models, slot, None)
-                if target is not None:
-                    getattr(self._worker, sig).connect(target)
+            self._connect_tuner(self.models)
         _raise(self.models)
         return self.models
+
+    def _connect_tuner(self, window: QWidget) -> None:
+        """Tuner hooks are optional on either window: connect the ones it has."""
+        w = self._worker
+        for sig, slot in ((w.tune_progress, "on_tune_progress"),
+                          (w.tune_finished, "set_tuner_result"),
+                          (w.tune_finished, "on_tune_finished"),
+                          (w.tune_failed, "on_tune_failed")):
+            target = getattr(window, slot, None)
+            if callable(target):
+                sig.connect(target)
+        requested = getattr(window, "tune_requested", None)
+        if requested is not None and window is self.dashboard:
+            requested.connect(lambda: self._on_tune(""))
+        cancel = getattr(window, "tune_cancel_requested", None)
+        if cancel is not None:  # a direct call: the worker thread is busy tuning
+            cancel.connect(lambda: w.cancel_tune())
 
     def close_all(self) -> None:
         for w in (self.dashboard, self.models):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
@@ -105,26 +105,99 @@ class CodeBlock(QFrame):
         h = int(doc.size().height()) + 2
         if doc.idealWidth() > self.view.viewport().width() > 0:
             h += self.view.horizontalScrollBar().sizeHint().height()
-        self.view.setFixedHeight(h)
+        if h != self.view.height():
+            self.view.setFixedHeight(h)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().resizeEvent(event)
-        self._fit()
+        if event.size().width() != event.oldSize().width():
+            self._fit()
 
 
-def _prose_label(parent: QWidget) -> QLabel:
-    label = QLabel(parent)
+class CachedLabel(QLabel):
+    """A word-wrapped label that remembers its size hints until its text changes.
+
+    Qt's layouts throw away their items' cached sizes on every invalidation, and measuring
+    wrapped rich text means laying it out again: with dozens of labels in a reply that is what
+    made each streamed update cost tens of milliseconds.
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._cache: dict = {}
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt override
+        self._cache.clear()
+        super().setText(text)
+
+    def setTextFormat(self, fmt) -> None:  # noqa: N802 - Qt override
+        self._cache.clear()
+        super().setTextFormat(fmt)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self._cache.clear()  # font, style or palette changes alter the metrics
+        super().changeEvent(event)
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
+        key = ("h", width)
+        if key not in self._cache:
+            self._cache[key] = super().heightForWidth(width)
+        return self._cache[key]
+
+    def sizeHint(self):  # noqa: N802 - Qt override
+        if "s" not in self._cache:
+            self._cache["s"] = super().sizeHint()
+        return self._cache["s"]
+
+    def minimumSizeHint(self):  # noqa: N802 - Qt override
+        if "m" not in self._cache:
+            self._cache["m"] = super().minimumSizeHint()
+        return self._cache["m"]
+
+
+def prose_label(parent: QWidget, name: str = "Message text") -> CachedLabel:
+    label = CachedLabel(parent)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
     label.setOpenExternalLinks(True)
     label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
-    label.setAccessibleName("Message text")
+    label.setAccessibleName(name)
     return label
 
 
+PAGE_SIZE = 12  # stable blocks per page widget: a new block relays out one page, not all
+
+
+class _Page(QWidget):
+    """A container of stable blocks that remembers its height for a width (see CachedLabel)."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(parent)
+        self._hfw: dict[int, int] = {}
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(8)
+
+    def add(self, w: QWidget) -> None:
+        self._hfw.clear()
+        self.layout().addWidget(w)
+
+    def event(self, event) -> bool:
+        if event.type() in (QEvent.Type.LayoutRequest, QEvent.Type.FontChange,
+                            QEvent.Type.StyleChange):
+            self._hfw.clear()
+        return super().event(event)
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt override
+        if width not in self._hfw:
+            self._hfw[width] = super().heightForWidth(width)
+        return self._hfw[width]
+
+
 class MarkdownFlow(QWidget):
-    """See the module docstring. ``base`` is where this flow's text starts in the message
-    (draft spans are absolute offsets in the message)."""
+    """See the module docstring. Stable blocks live in "pages" (plain containers of up to
+    ``PAGE_SIZE`` widgets) so that a streamed update only invalidates the flow's own short
+    layout — pages keep their cached sizes — and the tail block's widget."""
 
     def __init__(self, parent: QWidget | None = None, *, tint: bool = False) -> None:
         super().__init__(parent)
@@ -133,9 +206,9 @@ class MarkdownFlow(QWidget):
         self._lay.setContentsMargins(0, 0, 0, 0)
         self._lay.setSpacing(8)
         self._offset = 0                 # where the unstable region starts in the text
+        self._pages: list[_Page] = []
         self._stable: list[QWidget] = []
-        self._tail: list[tuple[str, QWidget]] = []
-        self._tail_text: list[str] = []
+        self._tail: list[tuple[str, QWidget, str]] = []   # (kind, widget, rendered key)
         self.renders = 0                 # block renders (the bench and tests read it)
 
     @property
@@ -143,52 +216,70 @@ class MarkdownFlow(QWidget):
         return list(self._stable)
 
     def block_widgets(self) -> list[QWidget]:
-        return self._stable + [w for _, w in self._tail]
+        return self._stable + [w for _, w, _ in self._tail]
 
     def set_text(self, text: str, *, final: bool, spans: list | None = None, base: int = 0) -> None:
         region = text[self._offset:]
         blocks = split_blocks(region)
         n_stable = stable_count(region, blocks, final=final)
-        for k, block in enumerate(blocks):
-            self._render(k, block, final=final or k < n_stable, spans=spans,
-                         base=base + self._offset)
-        for _, w in self._tail[len(blocks):]:
-            self._lay.removeWidget(w)
-            w.deleteLater()
-        del self._tail[len(blocks):]
-        del self._tail_text[len(blocks):]
+        origin = base + self._offset
+        for block in blocks[:n_stable]:
+            self._add_stable(block, spans, origin)
+        self._drop_tail(0, min(n_stable, len(self._tail)))
+        for k, block in enumerate(blocks[n_stable:]):
+            self._render_tail(k, block, spans, origin)
+        self._drop_tail(len(blocks) - n_stable, len(self._tail))
         if n_stable:
-            self._stable.extend(w for _, w in self._tail[:n_stable])
-            del self._tail[:n_stable]
-            del self._tail_text[:n_stable]
             self._offset += blocks[n_stable].start if n_stable < len(blocks) else len(region)
 
-    def _render(self, k: int, block: Block, *, final: bool, spans: list | None, base: int) -> None:
-        key = f"{final}|{block.closed}|{block.lang}|{block.text}"
+    def _drop_tail(self, lo: int, hi: int) -> None:
+        for _, w, _ in self._tail[lo:hi]:
+            self._lay.removeWidget(w)
+            w.hide()
+            w.deleteLater()
+        del self._tail[lo:hi]
+
+    def _add_stable(self, block: Block, spans: list | None, origin: int) -> None:
+        if not self._pages or self._pages[-1].layout().count() >= PAGE_SIZE:
+            page = _Page(self)
+            self._lay.insertWidget(len(self._pages), page)
+            self._pages.append(page)
+        page = self._pages[-1]
+        w = self._make(block.kind, page)
+        self._fill(w, block, final=True, spans=spans, origin=origin)
+        page.add(w)
+        self._stable.append(w)
+
+    def _render_tail(self, k: int, block: Block, spans: list | None, origin: int) -> None:
+        key = f"{block.closed}|{block.lang}|{block.text}"
         if k < len(self._tail) and self._tail[k][0] == block.kind:
-            if self._tail_text[k] == key:
+            if self._tail[k][2] == key:
                 return
             w = self._tail[k][1]
         else:
-            w = CodeBlock(self) if block.kind == "code" else _prose_label(self)
+            w = self._make(block.kind, self)
             if k < len(self._tail):
                 old = self._tail[k][1]
                 self._lay.replaceWidget(old, w)
+                old.hide()
                 old.deleteLater()
-                self._tail[k] = (block.kind, w)
-                self._tail_text[k] = ""
             else:
                 self._lay.addWidget(w)
-                self._tail.append((block.kind, w))
-                self._tail_text.append("")
-        self._tail_text[k] = key
+                self._tail.append((block.kind, w, ""))
+        self._tail[k] = (block.kind, w, key)
+        self._fill(w, block, final=False, spans=spans, origin=origin)
+
+    def _make(self, kind: str, parent: QWidget) -> QWidget:
+        return CodeBlock(parent) if kind == "code" else prose_label(parent)
+
+    def _fill(self, w: QWidget, block: Block, *, final: bool, spans: list | None, origin: int) -> None:
         self.renders += 1
         tint = None
         if self.tint and block.kind == "code":
-            a = base + block.body_start
+            a = origin + block.body_start
             tint = draft_spans_in(spans or [], a, a + len(block.text))
         elif self.tint:
-            tint = draft_spans_in(spans or [], base + block.start, base + block.end)
+            tint = draft_spans_in(spans or [], origin + block.start, origin + block.end)
         if block.kind == "code":
             w.set_code(block.text, block.lang, final=final and block.closed, tint=tint)
         elif tint is not None:
