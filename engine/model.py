@@ -144,7 +144,10 @@ def load(path: str | Path, *, dtype: str | None = None) -> Model:
         for m in (trunk, mtp):
             if m is None:
                 continue
-            m.set_dtype(target, predicate=lambda p: not p.endswith("A_log"))
+            # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log as is.
+            m.load_weights([(k, v.astype(target)) for k, v in tree_flatten(m.parameters())
+                            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log")],
+                           strict=False)
     mx.eval(trunk.parameters(), mtp.parameters() if mtp else {})
 
     params = sum(v.size for _, v in tree_flatten(trunk.parameters()))
