@@ -1,0 +1,250 @@
+"""Question/answer chats built from the Python standard library's own docstrings.
+
+The text comes from the docstrings of the running interpreter's standard library (Python
+Software Foundation License, redistributable), read with ``inspect`` -- nothing is downloaded.
+The corpus is deterministic given the seed and the Python version. Items (functions, classes,
+methods, modules) are split into a training set and a held-out set: a few whole modules plus a
+fraction of the remaining items, so held-out prompts ask about things the model never saw.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import random
+import re
+import warnings
+import zlib
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+MODULES: tuple[str, ...] = (
+    "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
+    "bz2", "calendar", "cmath", "codecs", "collections", "collections.abc", "colorsys",
+    "concurrent.futures", "configparser", "contextlib", "copy", "csv", "dataclasses",
+    "datetime", "decimal", "difflib", "dis", "email.utils", "enum", "errno", "filecmp",
+    "fnmatch", "fractions", "ftplib", "functools", "gc", "getopt", "gettext", "glob",
+    "graphlib", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client",
+    "http.cookies", "imaplib", "importlib", "importlib.resources", "inspect", "io",
+    "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging", "lzma",
+    "mailbox", "math", "mimetypes", "operator", "os", "os.path", "pathlib", "pickle",
+    "pkgutil", "platform", "plistlib", "poplib", "pprint", "queue", "quopri", "random", "re",
+    "reprlib", "sched", "secrets", "select", "selectors", "shelve", "shlex", "shutil",
+    "signal", "smtplib", "socket", "sqlite3", "ssl", "statistics", "string", "struct",
+    "subprocess", "sys", "sysconfig", "tarfile", "tempfile", "textwrap", "threading", "time",
+    "timeit", "token", "tokenize", "tomllib", "traceback", "types", "typing",
+    "unicodedata", "unittest", "urllib.parse", "urllib.request", "uuid", "warnings",
+    "weakref", "wsgiref.util", "xml.dom.minidom", "xml.etree.ElementTree", "zipfile",
+    "zlib", "zoneinfo",
+)
+
+SYSTEM_PROMPTS: tuple[str, ...] = (
+    "You are a helpful assistant.",
+    "You are a helpful assistant that answers questions about the Python standard library.",
+    "Answer briefly and precisely.",
+)
+
+# Modules whose public functions live in an implementation module of another name.
+OWNER_ALIASES: dict[str, tuple[str, ...]] = {
+    "os": ("posix", "nt"), "os.path": ("posixpath", "genericpath", "ntpath"),
+    "time": ("time",), "select": ("select",),
+}
+
+MAX_SIGNATURE = 90
+MAX_ANSWER = 520
+
+
+@dataclass(frozen=True)
+class DocItem:
+    """One documented object: ``qualname`` like ``json.dumps`` or ``str.join``."""
+
+    module: str
+    qualname: str
+    kind: str  # "function", "class", "method", "module"
+    signature: str  # "(obj, *, skipkeys=False)" or ""
+    text: str  # one or two unwrapped docstring paragraphs
+    first_sentence: str
+
+
+def _paragraphs(doc: str) -> list[str]:
+    paras = [" ".join(line.strip() for line in p.splitlines()).strip()
+             for p in re.split(r"\n\s*\n", inspect.cleandoc(doc))]
+    return [p for p in paras if p]
+
+
+def _signature(obj) -> str:
+    try:
+        sig = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return ""
+    return sig if len(sig) <= MAX_SIGNATURE else ""
+
+
+def _answer_text(paras: list[str], signature_line: str) -> str:
+    """The first paragraph (skipping a leading ``name(args)`` line), plus the next if short."""
+    if paras and signature_line and paras[0].replace(" ", "").startswith(signature_line):
+        paras = paras[1:]
+    if not paras:
+        return ""
+    text = paras[0]
+    if len(text) < 160 and len(paras) > 1 and len(text) + len(paras[1]) < MAX_ANSWER:
+        text = text + "\n\n" + paras[1]
+    if len(text) > MAX_ANSWER:
+        cut = text[:MAX_ANSWER].rsplit(". ", 1)[0]
+        text = cut + "." if len(cut) > 80 else text[:MAX_ANSWER].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def _first_sentence(text: str) -> str:
+    m = re.match(r"(.+?[.!?])(\s|$)", text.replace("\n\n", " "))
+    return m.group(1) if m else text.split("\n")[0]
+
+
+def _make_item(module: str, qualname: str, kind: str, obj) -> DocItem | None:
+    doc = obj.__doc__ if kind != "module" else obj.__doc__
+    if not isinstance(doc, str) or len(doc.strip()) < 20:
+        return None
+    sig = _signature(obj) if kind in ("function", "class", "method") else ""
+    short = qualname.rsplit(".", 1)[-1]
+    text = _answer_text(_paragraphs(doc), short + "(")
+    if len(text) < 20 or "\x00" in text:
+        return None
+    return DocItem(module, qualname, kind, sig, text, _first_sentence(text))
+
+
+def _members(mod_name: str, mod) -> list[DocItem]:
+    items: list[DocItem] = []
+    module_item = _make_item(mod_name, mod_name, "module", mod)
+    if module_item:
+        items.append(module_item)
+    prefix = "" if mod_name == "builtins" else mod_name + "."
+    for name in sorted(vars(mod)):
+        if name.startswith("_"):
+            continue
+        obj = vars(mod)[name]
+        owner = getattr(obj, "__module__", None)
+        owners = (mod_name, "_" + mod_name.split(".")[-1], *OWNER_ALIASES.get(mod_name, ()))
+        if owner not in owners and mod_name != "builtins":
+            continue
+        if inspect.isclass(obj):
+            cls_item = _make_item(mod_name, prefix + name, "class", obj)
+            if cls_item:
+                items.append(cls_item)
+            for meth_name in sorted(vars(obj)):
+                meth = vars(obj)[meth_name]
+                if meth_name.startswith("_") or not callable(meth):
+                    continue
+                item = _make_item(mod_name, f"{prefix}{name}.{meth_name}", "method", meth)
+                if item:
+                    items.append(item)
+        elif inspect.isroutine(obj):
+            item = _make_item(mod_name, prefix + name, "function", obj)
+            if item:
+                items.append(item)
+    return items
+
+
+def collect_items(modules: tuple[str, ...] = MODULES) -> list[DocItem]:
+    """Every documented public object of ``modules``, in a stable order, without duplicates."""
+    seen: set[str] = set()
+    items: list[DocItem] = []
+    for mod_name in modules:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(mod_name)
+        except ImportError as exc:  # optional modules (e.g. no _ssl): skip, stay deterministic
+            log.info("skipping %s: %s", mod_name, exc)
+            continue
+        for item in _members(mod_name, mod):
+            if item.qualname not in seen:
+                seen.add(item.qualname)
+                items.append(item)
+    return items
+
+
+# --- questions and answers ---------------------------------------------------------------------
+
+def _qa_templates(item: DocItem) -> list[tuple[str, str]]:
+    q, sig, mod, text = item.qualname, item.signature, item.module, item.text
+    if item.kind == "module":
+        return [
+            (f"What is the `{q}` module for?", f"The `{q}` module: {text}"),
+            (f"Tell me about the {q} module.", text),
+            (f"What does `import {q}` give me?", f"`{q}` -- {text}"),
+        ]
+    call = f"`{q}{sig}`"
+    what = "class" if item.kind == "class" else "method" if item.kind == "method" else "function"
+    pairs = [
+        (f"What does `{q}` do?", f"{call}\n\n{text}"),
+        (f"Explain {q}.", f"{call} is a {what} in the `{mod}` module.\n\n{text}"),
+        (f"How do I use {q}?", f"Use {call}. {text}"),
+        (f"Tell me about `{q}` in Python.", f"{text}\n\nSignature: {call}" if sig else text),
+    ]
+    if sig:
+        pairs.append((f"What is the signature of {q}?", f"{call}\n\n{item.first_sentence}"))
+    if item.kind == "class":
+        pairs.append((f"What is `{q}`?", f"{call} is a class from `{mod}`. {text}"))
+    return pairs
+
+
+def _split(items: list[DocItem], *, seed: int, heldout_modules: int,
+           heldout_fraction: float) -> tuple[list[DocItem], list[DocItem]]:
+    rng = random.Random(seed)
+    mods = sorted({i.module for i in items} - {"builtins"})
+    held_mods = set(rng.sample(mods, min(heldout_modules, len(mods))))
+    train, held = [], []
+    for item in items:
+        h = zlib.crc32(f"{seed}:{item.qualname}".encode()) / 2**32
+        (held if item.module in held_mods or h < heldout_fraction else train).append(item)
+    return train, held
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Training conversations and held-out user prompts."""
+
+    train_chats: list[list[dict]]
+    heldout_prompts: list[str]
+    heldout_modules: list[str]
+    n_train_items: int
+    n_heldout_items: int
+
+
+def build_corpus(*, seed: int = 0, variants: int = 3, heldout_modules: int = 6,
+                 heldout_fraction: float = 0.05, max_heldout_prompts: int = 64,
+                 limit_items: int | None = None) -> Corpus:
+    """Deterministic chats: every training item asked ``variants`` ways, 1-3 turns per chat."""
+    items = collect_items()
+    if limit_items is not None:
+        items = items[:limit_items]
+    train, held = _split(items, seed=seed, heldout_modules=heldout_modules,
+                         heldout_fraction=heldout_fraction)
+    rng = random.Random(seed + 1)
+    turns: list[tuple[str, tuple[str, str]]] = []
+    for item in train:
+        pairs = _qa_templates(item)
+        for qa in rng.sample(pairs, min(variants, len(pairs))):
+            turns.append((item.module, qa))
+    rng.shuffle(turns)
+    turns.sort(key=lambda t: t[0])  # group by module (stable: shuffled within a module)
+    chats: list[list[dict]] = []
+    i = 0
+    while i < len(turns):
+        n = rng.choice((1, 1, 2, 3))
+        chunk = [qa for mod, qa in turns[i:i + n] if mod == turns[i][0]]
+        i += len(chunk)
+        msgs: list[dict] = []
+        if rng.random() < 0.25:
+            msgs.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+        for question, answer in chunk:
+            msgs += [{"role": "user", "content": question},
+                     {"role": "assistant", "content": answer}]
+        chats.append(msgs)
+    rng.shuffle(chats)
+    held_rng = random.Random(seed + 2)
+    held_sorted = sorted(held, key=lambda it: zlib.crc32(f"{seed}/{it.qualname}".encode()))
+    prompts = [held_rng.choice(_qa_templates(it))[0] for it in held_sorted[:max_heldout_prompts]]
+    held_mods = sorted({it.module for it in held} - {it.module for it in train})
+    return Corpus(chats, prompts, held_mods, len(train), len(held))

@@ -1,0 +1,266 @@
+"""The demo model's training run: corpus -> tokenizer -> joint training -> MTP distillation.
+
+Phase 1 (joint) trains trunk and head together: loss = CE(trunk) + ``mtp_weight`` * CE(MTP step
+1 vs the data token x_{t+2}), as DeepSeek-V3 and Qwen do. Phase 2 freezes the trunk and trains
+the head alone by distillation: every step s = 1..``depth`` of every draft chain (teacher-forced
+with the data tokens, step s >= 2 fed the head's own output hidden after ``mtp.norm``) is pulled
+towards the trunk's own next-token distribution at the position it drafts for. Greedy
+acceptance is measured on held-out prompts after each phase and the better head is exported.
+
+Deterministic given the seed on one machine (single process, seeded generators, deterministic
+torch algorithms). Progress goes to the ``report`` callback (the CLI prints it).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.training import acceptance, corpus, tokenizer
+from engine.training.export import export_model
+from engine.training.model import (FULL_SIZE, TINY_SIZE, DemoModel, ModelSize, build_model,
+                                   count_parameters)
+
+log = logging.getLogger(__name__)
+Report = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines the trained model (with the Python/torch versions)."""
+
+    size: ModelSize = FULL_SIZE
+    seed: int = 0
+    vocab_size: int = 4096
+    seq_len: int = 256
+    batch_size: int = 8
+    joint_steps: int = 320
+    mtp_steps: int = 70
+    lr: float = 2e-3
+    mtp_lr: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 0.05
+    mtp_weight: float = 0.3
+    depth: int = 3
+    depth_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
+    corpus_variants: int = 3
+    corpus_limit: int | None = None
+    eval_prompts: int = 32
+    eval_max_new: int = 64
+    final_eval_prompts: int = 64
+    final_eval_max_new: int = 96
+    threads: int = 1
+    log_every: int = 10
+
+
+TINY = TrainConfig(size=TINY_SIZE, vocab_size=1024, seq_len=64, batch_size=4, joint_steps=12,
+                   mtp_steps=6, warmup=2, corpus_variants=1, corpus_limit=400, eval_prompts=3,
+                   eval_max_new=12, final_eval_prompts=3, final_eval_max_new=12, log_every=2)
+
+
+def config_for(*, tiny: bool, steps: int | None, seed: int) -> TrainConfig:
+    """The shipped (or tiny) configuration; ``steps`` scales both phases keeping their ratio."""
+    cfg = TINY if tiny else TrainConfig()
+    cfg = replace(cfg, seed=seed)
+    if steps is not None:
+        total = cfg.joint_steps + cfg.mtp_steps
+        mtp = max(1, round(steps * cfg.mtp_steps / total)) if steps > 1 else 0
+        cfg = replace(cfg, joint_steps=max(1, steps - mtp), mtp_steps=mtp)
+    return cfg
+
+
+def _lr_at(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class _Batches:
+    """Random windows of the token stream, from a seeded generator (deterministic)."""
+
+    def __init__(self, stream: torch.Tensor, seq_len: int, batch: int, seed: int):
+        self.stream, self.seq_len, self.batch = stream, seq_len, batch
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next(self) -> torch.Tensor:
+        hi = len(self.stream) - self.seq_len
+        starts = torch.randint(0, hi, (self.batch,), generator=self.gen)
+        return torch.stack([self.stream[s:s + self.seq_len] for s in starts.tolist()])
+
+
+class _Progress:
+    def __init__(self, report: Report, total_steps: int, tokens_per_step: int):
+        self.report, self.total, self.tps = report, total_steps, tokens_per_step
+        self.t0 = time.monotonic()
+        self.done = 0
+
+    def step(self, phase: str, step: int, **values: float) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.t0
+        rate = self.done / elapsed
+        self.report({"event": "step", "phase": phase, "step": step, **values,
+                     "tokens_per_s": round(rate * self.tps, 1), "elapsed_s": round(elapsed, 1),
+                     "eta_s": round((self.total - self.done) / rate, 1)})
+
+
+def _joint_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _Progress) -> dict:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.95))
+    model.train()
+    vocab = model.config.vocab_size
+    last = {}
+    for step in range(cfg.joint_steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg.joint_steps, cfg.lr, cfg.warmup)
+        ids = batches.next()
+        hidden, logits = model.trunk_forward(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        mtp_logits = model.mtp_chains(hidden, ids, 1)[0]
+        mtp_loss = F.cross_entropy(mtp_logits[:, :-1].reshape(-1, vocab), ids[:, 2:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        (loss + cfg.mtp_weight * mtp_loss).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        last = {"loss": round(loss.item(), 4), "mtp_loss": round(mtp_loss.item(), 4)}
+        if step % cfg.log_every == 0 or step == cfg.joint_steps - 1:
+            prog.step("joint", step, **last)
+        else:
+            prog.done += 1
+    return last
+
+
+def _distill_loss(model: DemoModel, ids: torch.Tensor, cfg: TrainConfig) -> list[torch.Tensor]:
+    with torch.no_grad():
+        hidden, logits = model.trunk_forward(ids)
+        target = logits.softmax(-1)
+    chains = model.mtp_chains(hidden, ids, cfg.depth)
+    vocab = model.config.vocab_size
+    losses = []
+    for s, chain in enumerate(chains, start=1):
+        # Row t of step s drafts x_{t+s+1}: the trunk's distribution at position t+s.
+        tgt = target[:, s:s + chain.shape[1]]
+        losses.append(F.cross_entropy(chain.reshape(-1, vocab), tgt.reshape(-1, vocab)))
+    return losses
+
+
+def _mtp_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _Progress) -> dict:
+    for p in model.trunk.parameters():
+        p.requires_grad_(False)
+    params = list(model.mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.mtp_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    last = {}
+    for step in range(cfg.mtp_steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg.mtp_steps, cfg.mtp_lr, min(cfg.warmup, 10))
+        losses = _distill_loss(model, batches.next(), cfg)
+        total = sum(w * l for w, l in zip(cfg.depth_weights, losses))
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        last = {f"mtp_kl_step{s}": round(l.item(), 4) for s, l in enumerate(losses, start=1)}
+        if step % cfg.log_every == 0 or step == cfg.mtp_steps - 1:
+            prog.step("mtp", step, **last)
+        else:
+            prog.done += 1
+    for p in model.trunk.parameters():
+        p.requires_grad_(True)
+    return last
+
+
+def _score(acc: dict) -> float:
+    """Expected tokens per cycle at the deepest measured depth (the selection criterion)."""
+    tpc = acc["tokens_per_cycle"]
+    return float(tpc[max(tpc)] or 0.0)
+
+
+def _prompt_ids(tok, prompts: list[str]) -> list[list[int]]:
+    return [tok.encode(tokenizer.render_chat([{"role": "user", "content": p}],
+                                             add_generation_prompt=True,
+                                             enable_thinking=False)).ids for p in prompts]
+
+
+def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
+    """Corpus, tokenizer (saved into ``out_dir``), token stream and held-out prompts."""
+    data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
+                               limit_items=cfg.corpus_limit)
+    texts = [tokenizer.render_chat(chat) for chat in data.train_chats]
+    tok = tokenizer.train_tokenizer(texts, vocab_size=cfg.vocab_size)
+    tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
+    ids = tokenizer.token_ids(tok)
+    stream: list[int] = []
+    for enc in tok.encode_batch(texts):
+        stream += enc.ids + [ids[tokenizer.ENDOFTEXT]]
+    (out_dir / "heldout_prompts.json").write_text(
+        json.dumps(data.heldout_prompts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    report({"event": "data", "chats": len(data.train_chats), "train_items": data.n_train_items,
+            "heldout_items": data.n_heldout_items, "heldout_modules": data.heldout_modules,
+            "tokens": len(stream), "tokenizer_vocab": tok.get_vocab_size()})
+    return tok, ids, torch.tensor(stream, dtype=torch.long), data
+
+
+def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
+    """Train, measure and export the demo model into ``out_dir``; returns a summary."""
+    t0 = time.monotonic()
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok, ids, stream, data = prepare(cfg, out_dir, report)
+    vocab = 64 * math.ceil(tok.get_vocab_size() / 64)
+    model = build_model(cfg.size, vocab_size=vocab, eos_token_id=ids[tokenizer.IM_END],
+                        pad_token_id=ids[tokenizer.ENDOFTEXT], seed=cfg.seed)
+    params = count_parameters(model)
+    report({"event": "model", "vocab_size": vocab, **params})
+    batches = _Batches(stream, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
+    prog = _Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
+    eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
+    prompts = _prompt_ids(tok, data.heldout_prompts)
+
+    joint = _joint_phase(model, cfg, batches, prog)
+    export_model(model, cfg.size, out_dir, ids=ids)  # a usable interim model
+    eval_set = prompts[:cfg.eval_prompts]
+    acc_joint = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
+                                   max_new=cfg.eval_max_new)
+    report({"event": "eval", "after": "joint", **acc_joint})
+    joint_head = copy.deepcopy(model.mtp.state_dict())
+
+    distill = _mtp_phase(model, cfg, batches, prog) if cfg.mtp_steps else {}
+    acc_mtp = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
+                                 max_new=cfg.eval_max_new) if cfg.mtp_steps else acc_joint
+    report({"event": "eval", "after": "mtp", **acc_mtp})
+    chosen = "mtp" if _score(acc_mtp) >= _score(acc_joint) else "joint"
+    if chosen == "joint":
+        model.mtp.load_state_dict(joint_head)
+    export_model(model, cfg.size, out_dir, ids=ids)
+    final = acceptance.measure(model, prompts[:cfg.final_eval_prompts], eos=eos,
+                               depth=cfg.depth, max_new=cfg.final_eval_max_new)
+    report({"event": "eval", "after": "final", "head": chosen, **final})
+    summary = {
+        "config": {**asdict(cfg), "size": cfg.size.as_dict()},
+        "parameters": params, "vocab_size": vocab, "token_ids": ids,
+        "stream_tokens": len(stream), "heldout_modules": data.heldout_modules,
+        "train_items": data.n_train_items, "heldout_items": data.n_heldout_items,
+        "joint_final": joint, "mtp_final": distill,
+        "acceptance_after_joint": acc_joint, "acceptance_after_mtp": acc_mtp,
+        "chosen_head": chosen, "acceptance_final": final,
+        "train_seconds": round(time.monotonic() - t0, 1),
+        "torch_version": torch.__version__,
+    }
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n",
+                                           encoding="utf-8")
+    report({"event": "done", "seconds": summary["train_seconds"], "out": str(out_dir)})
+    return summary
