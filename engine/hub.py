@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 TOKEN_HELP = ("add a Hugging Face token: run `hf auth login` (or `huggingface-cli login`), set "
-              "HF_TOKEN, or paste a token in MTP Chat's model manager (Settings → Hugging Face "
-              "token); also accept the model's licence on its Hugging Face page")
+              "HF_TOKEN, or use “Hugging Face token…” in MTP Chat's model manager; also accept "
+              "the model's licence on its Hugging Face page")
 
 
 # ----------------------------------------------------------------------------- errors

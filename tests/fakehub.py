@@ -9,6 +9,7 @@ Switches (attributes / methods on :class:`FakeHub`, changeable while it runs):
 - ``drop_after(path, nbytes, times=1)``: the next ``times`` GETs of ``path`` close the
   connection after ``nbytes`` body bytes;
 - ``fail_with(status, times=1, path=None)``: answer the next GETs of file content with a 5xx;
+- ``api_delay_s``: every ``/api/`` answer waits this long (a slow network);
 - ``redirect = True``: file GETs answer 302 to a second server (a "CDN" on another port);
 - a repo can be gated (401 ``GatedRepo`` without ``Authorization: Bearer <token>``) or
   advertise a wrong sha256 / size for one file (``corrupt``).
@@ -149,6 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if hub.api_status:
             return self._error(hub.api_status, "ServerError", "fake outage")
+        if hub.api_delay_s:
+            time.sleep(hub.api_delay_s)
         if "/tree/" in rest:
             items = [repo.entry(p) for p in sorted(repo.files)
                      if not tree_path or p.startswith(tree_path.rstrip("/") + "/")]
@@ -264,6 +267,7 @@ class FakeHub:
         self.path_delay_s: dict[str, float] = {}
         self.redirect = False
         self.api_status = 0
+        self.api_delay_s = 0.0  # a slow network for /api/ calls
         self.lock = threading.Lock()
         self.served: dict[tuple[str, str], int] = defaultdict(int)
         self.requests: list[dict] = []

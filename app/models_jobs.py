@@ -1,0 +1,144 @@
+"""Background work for the model manager: downloads and Hub pre-checks, off the UI thread.
+
+``DownloadJob`` runs ``engine.pull.pull`` on its own Python thread (so downloads go on while
+the user chats, whatever window is open) and reports through Qt signals, which Qt delivers
+queued to the UI thread. ``run_in_pool`` runs a short call (a repo pre-check) on the global
+QThreadPool and hands back its result or error message through a signal.
+
+Signals of ``DownloadJob``: ``progress(DownloadProgress)``, ``finished(DownloadResult)``,
+``failed(str message)``; ``state`` is one of queued/running/done/cancelled/failed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QThreadPool, Signal
+
+import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; must precede any emit)
+from engine.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, EngineError):
+        return str(exc)
+    log.error("unexpected error in a model-manager task", exc_info=exc)
+    return f"Internal error: {type(exc).__name__}: {exc}"
+
+
+class DownloadJob(QObject):
+    progress = Signal(object)
+    finished = Signal(object)
+    failed = Signal(str)
+    _ended = Signal(object, str)  # (result, error) from the thread; handled on the UI thread
+
+    def __init__(self, repo_id: str, *, revision: str = "main", convert_bits: int | None = None,
+                 store=None, options: dict | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.repo_id, self.revision, self.convert_bits = repo_id, revision, convert_bits
+        self.store = store
+        self.options = dict(options or {})
+        self.state = "queued"
+        self.last = None  # the latest DownloadProgress
+        self.result = None
+        self.error: str | None = None
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ended.connect(self._on_ended)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """(Re)start: a resumed or retried job picks up what earlier runs left on disk."""
+        if self.running:
+            return
+        self._cancel = threading.Event()
+        self.state, self.error, self.result = "running", None, None
+        self._thread = threading.Thread(target=self._run, name=f"download {self.repo_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
+
+    def _run(self) -> None:
+        from engine.pull import pull
+
+        try:
+            result = pull(self.repo_id, revision=self.revision, convert_bits=self.convert_bits,
+                          store=self.store, progress=self._on_progress, cancel=self._cancel,
+                          **self.options)
+        except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised in a thread
+            self._safe_emit2(self._ended, None, describe(exc))
+            return
+        self._safe_emit2(self._ended, result, "")
+
+    def _on_ended(self, result, error: str) -> None:
+        # On the UI thread, so `state` changes exactly when the UI hears about it.
+        if error:
+            self.state, self.error = "failed", error
+            self.failed.emit(error)
+            return
+        self.result = result
+        self.state = "done" if result.status == "installed" else "cancelled"
+        self.finished.emit(result)
+
+    def _on_progress(self, p) -> None:
+        self.last = p
+        self._safe_emit(self.progress, p)
+
+    @staticmethod
+    def _safe_emit(signal, value) -> None:
+        try:
+            signal.emit(value)
+        except RuntimeError:  # the window was deleted while the download ran
+            pass
+
+    @staticmethod
+    def _safe_emit2(signal, a, b) -> None:
+        try:
+            signal.emit(a, b)
+        except RuntimeError:
+            pass
+
+
+class _Relay(QObject):
+    done = Signal(object)
+    error = Signal(str)
+
+
+def run_in_pool(fn: Callable[[], Any], *, on_done: Callable[[Any], None],
+                on_error: Callable[[str], None], parent: QObject) -> _Relay:
+    """Run ``fn()`` on the global QThreadPool; ``on_done``/``on_error`` run on the UI thread."""
+    relay = _Relay(parent)
+    relay.done.connect(on_done)
+    relay.error.connect(on_error)
+
+    def task() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the UI
+            _emit(relay.error, describe(exc))
+            return
+        _emit(relay.done, value)
+
+    QThreadPool.globalInstance().start(task)
+    return relay
+
+
+def _emit(signal, value) -> None:
+    try:
+        signal.emit(value)
+    except RuntimeError:
+        pass
