@@ -87,7 +87,9 @@ class _Chart(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def sizeHint(self) -> QSize:
-        return QSize(320, self.minimumHeight() + 40)
+        # preferred = minimum: the dashboard's scroll area sizes its content by preferred
+        # heights, and stretch hands out the rest
+        return QSize(320, self.minimumHeight())
 
     def paintEvent(self, event) -> None:  # noqa: N802 (Qt name)
         p = QPainter(self)
@@ -433,6 +435,8 @@ class DepthChart(_Chart):
         x = rect.left() + 48
         for label, colour in (("chosen", BLUE), ("switch", PINK), ("explore", AMBER),
                               ("warm-up", GREY)):
+            if x + 12 + p.fontMetrics().horizontalAdvance(label) > rect.right():
+                break
             p.setPen(Qt.PenStyle.NoPen)
             p.setBrush(colour)
             p.drawEllipse(QPointF(x + 4, rect.top() + 8), 4, 4)

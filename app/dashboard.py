@@ -19,8 +19,9 @@ import logging
 import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; before any Qt call)
 
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
-    QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+    QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSizePolicy, QTableWidget,
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -37,6 +38,7 @@ REFRESH_MS = 300
 IDLE_REFRESH_MS = 2000
 PHASES = ("draft", "verify", "accept", "commit", "other")
 CARD_STYLE = """
+QScrollArea, QWidget#content { background: palette(window); }
 QFrame#card { background: palette(base); border: 1px solid palette(midlight);
               border-radius: 10px; }
 QLabel#cardTitle { font-weight: 600; }
@@ -44,6 +46,21 @@ QLabel#muted, QLabel#tileCaption { color: palette(placeholder-text); }
 QLabel#tileValue { font-size: 17pt; font-weight: 600; }
 QLabel#pill { border-radius: 9px; padding: 2px 10px; color: white; font-weight: 600; }
 """
+
+
+class _Elided(QLabel):
+    """A one-line label that never widens its layout: too long a text ends in an ellipsis."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt name)
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight,
+                                             self.width())
+        p.drawText(self.contentsRect(), int(self.alignment()), text)
 
 
 def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tuple[QFrame, QVBoxLayout, QLabel]:
@@ -56,10 +73,10 @@ def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tup
     t = QLabel(title)
     t.setObjectName("cardTitle")
     head.addWidget(t)
-    head.addStretch(1)
-    sub = QLabel(subtitle)
+    sub = _Elided(subtitle)
     sub.setObjectName("muted")
-    head.addWidget(sub)
+    sub.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+    head.addWidget(sub, 1)
     lay.addLayout(head)
     if body is not None:
         lay.addWidget(body, 1)
@@ -118,7 +135,18 @@ class DashboardWindow(QWidget):
 
     # -- layout ----------------------------------------------------------------------------
     def _build(self) -> None:
-        grid = QGridLayout(self)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        scroll = QScrollArea(self)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setMinimumWidth(1000)  # below that the cards get cramped; vertical scroll only
+        content = QWidget()
+        content.setObjectName("content")
+        scroll.setWidget(content)
+        outer.addWidget(scroll)
+        grid = QGridLayout(content)
         grid.setContentsMargins(14, 12, 14, 14)
         grid.setHorizontalSpacing(12)
         grid.setVerticalSpacing(12)
@@ -157,13 +185,13 @@ class DashboardWindow(QWidget):
         title = QLabel("Speculative decoding")
         title.setStyleSheet("font-size: 16pt; font-weight: 700;")
         lay.addWidget(title)
-        self.model_label = QLabel("no model loaded")
+        self.model_label = _Elided("no model loaded")
         self.model_label.setObjectName("muted")
-        lay.addWidget(self.model_label)
-        lay.addStretch(1)
-        self.summary_label = QLabel("")
+        lay.addWidget(self.model_label, 1)
+        self.summary_label = _Elided("")
         self.summary_label.setObjectName("muted")
-        lay.addWidget(self.summary_label)
+        self.summary_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        lay.addWidget(self.summary_label, 1)
         self.status = QLabel("idle")
         self.status.setObjectName("pill")
         self.status.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -369,18 +397,18 @@ class DashboardWindow(QWidget):
         self.acceptance.set_bars(bars)
         if s.positions:
             expected = 1 + sum(p.smoothed for p in s.positions)
-            self.acceptance_sub.setText(f"smoothed · ≈{expected:.2f} tokens/cycle at full depth")
+            self.acceptance_sub.setText(f"smoothed · ≈{expected:.2f} tok/cycle at D{len(s.positions)}")
         n = sum(s.accepted_hist)
         colours = [RED] + [AMBER] * max(0, len(s.accepted_hist) - 2) + [GREEN]
         self.histogram.set_bars([(str(k), c / n if n else 0.0, colours[min(k, len(colours) - 1)],
                                   f"{c}") for k, c in enumerate(s.accepted_hist)])
-        self.histogram_sub.setText(f"{s.spec_cycles} speculative cycles" if n else "")
+        self.histogram_sub.setText(f"{s.spec_cycles} cycles" if n else "")
 
     def _show_cycle(self, s: StatsSnapshot) -> None:
         tr = s.time_recent
         self.waterfall.set_phases(list(zip(PHASES, (tr.draft, tr.verify, tr.accept, tr.commit,
                                                     tr.other))))
-        self.waterfall_sub.setText(f"mean of recent cycles · {1000 * tr.total:.1f} ms/cycle"
+        self.waterfall_sub.setText(f"recent cycles · {1000 * tr.total:.1f} ms each"
                                    if tr.total else "")
         self.waterfall.setToolTip(
             "Profiled: each phase synchronised on its own." if s.profiled else

@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dark", action="store_true", help="dark palette (Fusion style)")
     ap.add_argument("--screenshot", default=None, help="save a PNG after --after seconds and quit")
     ap.add_argument("--after", type=float, default=1.5)
+    ap.add_argument("--size", default=None, help="window size, e.g. 1100x760")
     args = ap.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if args.dark:
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     agg = StatsAggregator(clock=feed.clock, memory_probe=lambda: demo_memory(feed.clock))
     win = DashboardWindow(aggregator=agg)
     win.setWindowTitle(win.windowTitle() + " (demo data)")
+    if args.size:
+        w, h = (int(v) for v in args.size.lower().split("x"))
+        win.resize(w, h)
     feed.stats.connect(win.on_stats)
     feed.finished.connect(win.on_finished)
     win.set_model_info(DEMO_INFO)
