@@ -7,6 +7,7 @@ set -euo pipefail
 usage() {
     cat <<'EOF'
 Usage: bash packaging/smoke_linux.sh [--work DIR] [--keep] [--skip-build] [--no-self-test]
+                                     [--model DIR]
 
 Builds the PyInstaller spec (packaging/mtpchat.spec) into a one-dir app and runs it frozen,
 offscreen (QT_QPA_PLATFORM=offscreen), with a throw-away home:
@@ -24,14 +25,15 @@ Options:
   --work DIR      where build/ and dist/ go (default: build/smoke-linux, git-ignored)
   --keep          keep the temp homes (their paths are printed)
   --skip-build    reuse an existing build in --work
-  --no-self-test  skip step 5 (until the app's --self-test exists)
+  --no-self-test  skip step 5
+  --model DIR     self-test with this model folder instead of the embedded demo model
 Environment: PYTHON (default: python3).
 EOF
 }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="$ROOT/build/smoke-linux"
-KEEP=0; BUILD=1; SELFTEST=1
+KEEP=0; BUILD=1; SELFTEST=1; MODEL_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
         --keep) KEEP=1 ;;
         --skip-build) BUILD=0 ;;
         --no-self-test) SELFTEST=0 ;;
+        --model) MODEL_ARGS=(--model "$(cd "$2" && pwd)"); shift ;;
         *) echo "smoke_linux.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
@@ -95,7 +98,7 @@ timeout 300 "$EXE" --quit-after 1 || fail "--quit-after 1 exited $?"
 if [ "$SELFTEST" = 1 ]; then
     step "mtpchat --self-test"
     t0=$(date +%s)
-    timeout 900 "$EXE" --self-test || fail "--self-test exited $?"
+    timeout 900 "$EXE" --self-test "${MODEL_ARGS[@]}" || fail "--self-test exited $?"
     echo "self-test time: $(($(date +%s) - t0)) s"
 fi
 

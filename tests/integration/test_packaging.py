@@ -58,6 +58,69 @@ def test_build_macos_stops_at_the_platform_check_off_mac(args):
     assert not (ROOT / "build" / "macos" / "venv").exists()
 
 
+def _fake_mac(tmp_path: Path, *, python_info: str = "3.12 arm64 11.0 ok",
+              translated: str = "0", macos: str = "14.5") -> tuple[dict, Path, Path]:
+    """A PATH where uname/sw_vers/sysctl say "Apple Silicon Mac" and every Apple tool only
+    records that it was called (a dry run must call none of them)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    calls = tmp_path / "calls.log"
+    scripts = {
+        "uname": 'case "$1" in -s) echo Darwin ;; -m) echo arm64 ;; *) echo Darwin ;; esac',
+        "sw_vers": f"echo {macos}",
+        "sysctl": f"echo {translated}",
+        "python3.12": f'if [ "$1" = -c ]; then echo "{python_info}"; else exec "{sys.executable}" "$@"; fi',
+    }
+    for tool in ("codesign", "ditto", "hdiutil", "iconutil", "sips", "xcrun", "plutil", "lipo", "spctl"):
+        scripts[tool] = f'echo "{tool} $*" >> "{calls}"'
+    for name, body in scripts.items():
+        (fake / name).write_text("#!/bin/bash\n" + body + "\n")
+        (fake / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    return env, fake / "python3.12", calls
+
+
+def _build_macos(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "build_macos.sh", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_build_macos_dry_run_on_a_mac_prints_every_step_and_runs_none(tmp_path):
+    env, py, calls = _fake_mac(tmp_path)
+    out = _build_macos(env, "--dry-run", "--python", str(py), "--dmg", "--out", str(tmp_path / "dist"),
+                       "--sign", "Developer ID Application: T (X)", "--notarize", "prof")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    order = ["1. platform check", "platform: macOS 14.5 arm64", "pip download",
+             "--platform macosx_14_0_arm64", "--require-hashes", "pip install", "--no-index",
+             "pip check", "make_icns.py", "PyInstaller", "packaging/mtpchat.spec",
+             "check: metallib beside every libmlx", "check: codesign --verify --deep --strict",
+             "--self-test", "check: notarytool submit", "check: hdiutil create -format UDZO",
+             "ditto -c -k --keepParent", "dry run done"]
+    positions = [text.find(piece) for piece in order]
+    assert -1 not in positions, [p for p, i in zip(order, positions) if i == -1]
+    assert positions == sorted(positions)
+    assert f"MTP-Chat-{engine.__version__}-macos-arm64.zip" in text
+    assert not calls.exists(), calls.read_text()          # no Apple tool was run
+    assert not (ROOT / "build" / "macos" / "venv").exists()
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"python_info": "3.10 arm64 11.0 ok"}, "needs Python 3.11 or 3.12"),
+    ({"python_info": "3.12 x86_64 11.0 ok"}, "must run natively as arm64"),
+    ({"python_info": "3.12 arm64 15.0 too-new"}, "use the python.org installer"),
+    ({"translated": "1"}, "under Rosetta"),
+    ({"macos": "13.6"}, "too old"),
+])
+def test_build_macos_platform_check_on_a_mac(tmp_path, kwargs, message):
+    env, py, calls = _fake_mac(tmp_path, **kwargs)
+    out = _build_macos(env, "--dry-run", "--python", str(py))
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "pip download" not in out.stdout and not calls.exists()
+
+
 def test_build_macos_rejects_bad_usage():
     assert _bash("build_macos.sh", "--frobnicate").returncode == 2
     out = _bash("build_macos.sh", "--notarize", "profile")  # notarizing needs a real identity
