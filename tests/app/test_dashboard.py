@@ -190,3 +190,30 @@ def test_grab_renders_every_chart(qtbot, window, emitter):
     window.refresh()
     img = window.grab()
     assert img.width() > 800 and img.height() > 600
+
+
+def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
+    """A tiny random model decoding with depth="auto": its real stats drive the window."""
+    import engine
+    from app.dashboard import DashboardWindow
+    from tests.tinymodels import build_tiny_model
+
+    model = engine.load(build_tiny_model(tmp_path / "tiny", seed=5))
+    w = DashboardWindow()
+    qtbot.addWidget(w)
+    w.set_model_info(model.info)
+    ids = model.chat_ids([{"role": "user", "content": "How do I use json.dumps?"}])
+    reason = None
+    for ev in model.generate(ids, max_tokens=24, depth="auto"):
+        for obj in (ev.prefill, ev.stats):
+            if obj is not None:
+                w.on_stats(7, obj)
+        reason = ev.finish_reason or reason
+    w.on_finished(7, reason, {})
+    w.refresh()
+    s = w.last_snapshot
+    assert s.requests == 1 and s.cycles > 0 and s.ttft_s is not None
+    assert s.tokens + 1 >= 24 or reason == "stop"  # the first token comes with the prefill
+    reasons = {p.reason for p in s.depth_history}  # the controller's reasons are recorded
+    assert reasons <= {"warmup", "explore", "best score", "switch", "hold (hysteresis)"}
+    assert not w.grab().isNull()
