@@ -5,8 +5,8 @@ The trunk oracle is transformers' own Qwen3.5 modeling (``Qwen3_5ForCausalLM`` /
 attention, the modeling file's own expert loop) built from the checkpoint's ``text_config`` and
 fed the checkpoint's tensors exactly as stored on disk (zero-centred norms, raw ``[C, 1, K]``
 conv1d, fused MoE experts). The MTP oracle is written here from MTP_SPEC §2 on top of
-transformers' decoder-layer class, so a missing or double norm shift, a swapped concat order, a
-pre-norm trunk hidden in the engine shows up as a mismatch
+transformers' decoder-layer class, so a missing or double norm shift, a swapped concat order or
+a pre-norm trunk hidden in the engine shows up as a mismatch
 (``test_oracle_detects_spec_mistakes`` proves each of those would).
 
 Tolerance: max |engine - transformers| < 1e-4 over all T positions and the whole vocabulary,
@@ -16,7 +16,9 @@ difference, and these random models amplify it: a Gated DeltaNet head whose raw 
 forward lands up to ~2e-4 from its float64 forward. If the 1e-4 bound is missed, the test accepts
 the result only when that excess is provably rounding: the engine must then be no further from
 the float64 oracle than 2.5x transformers' own float32 distance to it. Real mistakes (norm
-shift, concat order, pre-norm hidden) move logits by > 1e-2, 50x more.
+shift, concat order, pre-norm hidden) move logits by > 1e-2, 50x more. Measured when written:
+every case below meets 1e-4 directly (worst 7.2e-5, sharded MTP); unscaled, the same models
+differ by up to 3.9e-4 at logits ~30, with transformers' own float32 up to 5.2e-4 off float64.
 """
 from __future__ import annotations
 
