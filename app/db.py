@@ -4,7 +4,8 @@ Contract: the schema version lives in ``PRAGMA user_version``; ``MIGRATIONS[i]``
 version ``i`` to ``i + 1`` inside one transaction, so a file written by an older release is
 upgraded in place and never rewritten wholesale. Conversations are soft-deleted first
 (``deleted_at``) so the UI can undo; ``purge_deleted`` removes them for good.
-Messages carry ``meta`` (JSON: status, stats, think seconds, draft spans...). Used from the UI
+Ids are AUTOINCREMENT: never reused, so a late write for a deleted reply cannot land in
+a newer one. Messages carry ``meta`` (JSON: status, stats, think seconds, draft spans...). Used from the UI
 thread only.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
 def _v0_to_v1(db: sqlite3.Connection) -> None:
     _run_script(db, """
         CREATE TABLE conversations (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             title TEXT NOT NULL DEFAULT 'New chat',
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL,
@@ -37,7 +38,7 @@ def _v0_to_v1(db: sqlite3.Connection) -> None:
             deleted_at REAL
         );
         CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
             conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
             role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
             content TEXT NOT NULL DEFAULT '',
