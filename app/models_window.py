@@ -25,15 +25,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QApplication, QComboBox, QFile
                                QMainWindow, QMessageBox, QProgressBar, QPushButton, QScrollArea,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
+from app.models_catalog import CatalogPanel
 from app.models_jobs import DownloadJob, run_in_pool
 from app.models_panels import (STYLE, VERDICT_COLORS, DownloadRow, convert_options, fmt_bytes,
-                               fmt_gib, report_html, verdict_chip)
+                               fmt_gib, report_html)
 from engine import hub
 from engine.errors import EngineError
 from engine.store import Store, set_store_root
 
 log = logging.getLogger(__name__)
-CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")
 INSTALLED_COLUMNS = ("Name", "Status", "Size", "Family", "Quantization", "MTP", "Tuned depth",
                      "Last used")
 
@@ -63,7 +63,10 @@ class ModelsWindow(QMainWindow):
         self._relays: list = []
         self.tabs = QTabWidget(self)
         self.setCentralWidget(self.tabs)
-        self.tabs.addTab(self._build_catalog(), "Catalog")
+        self.catalog_panel = CatalogPanel(self)
+        self.catalog_panel.check_requested.connect(self.check_repo)
+        self.catalog_panel.download_requested.connect(self._confirm_download)
+        self.tabs.addTab(self.catalog_panel, "Catalog")
         self.tabs.addTab(self._build_add(), "Add from Hugging Face")
         self.tabs.addTab(self._build_downloads(), "Downloads")
         self.tabs.addTab(self._build_installed(), "Installed")
@@ -75,88 +78,11 @@ class ModelsWindow(QMainWindow):
             app.aboutToQuit.connect(self.shutdown)
 
     # ================================================================== catalog
-    def _build_catalog(self) -> QWidget:
-        page = QWidget(self)
-        lay = QVBoxLayout(page)
-        self.machine_label = QLabel("", page)
-        self.machine_label.setAccessibleName("This machine")
-        lay.addWidget(self.machine_label)
-        self.catalog_table = QTableWidget(0, len(CATALOG_COLUMNS), page)
-        self.catalog_table.setHorizontalHeaderLabels(CATALOG_COLUMNS)
-        self.catalog_table.setAccessibleName("Model catalog")
-        self.catalog_table.verticalHeader().setVisible(False)
-        self.catalog_table.verticalHeader().setDefaultSectionSize(34)
-        self.catalog_table.setWordWrap(False)
-        self.catalog_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.catalog_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        hdr = self.catalog_table.horizontalHeader()
-        hdr.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col in range(1, len(CATALOG_COLUMNS)):
-            hdr.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        lay.addWidget(self.catalog_table, 1)
-        self.catalog_notes = QLabel("", page)
-        self.catalog_notes.setWordWrap(True)
-        self.catalog_notes.setObjectName("muted")
-        lay.addWidget(self.catalog_notes)
-        return page
-
     def refresh_catalog(self) -> None:
-        from engine.catalog import catalog_for_machine
+        self.catalog_panel.refresh(store_root=self.store.root, total_memory=self._total_memory,
+                                   free_space=self._free_space)
 
-        try:
-            cat = catalog_for_machine(store_root=self.store.root, total_mem=self._total_memory,
-                                      free_fn=self._free_space)
-        except EngineError as exc:
-            self.machine_label.setText(str(exc))
-            return
-        self.catalog = cat
-        m = cat["machine"]
-        self.machine_label.setText(
-            f"<b>This Mac:</b> {fmt_gib(m['total_memory_bytes'])} memory · "
-            f"{fmt_bytes(m['free_disk_bytes'])} free on the disk holding {m['store']}")
-        t = self.catalog_table
-        t.setRowCount(len(cat["models"]))
-        for row, e in enumerate(cat["models"]):
-            best = next((o for o in e["options"] if o["quantization"] == e["best_quantization"]),
-                        {})
-            q = e["best_quantization"] or "-"
-            choice = {"bf16": "bf16 as published"}.get(q, f"{q[:-3]}-bit (convert)")
-            cells = (e["repo_id"], f"{e['parameters_b']:g} B" + (" MoE" if e.get("moe") else ""),
-                     fmt_bytes(best.get("download_bytes")), fmt_gib(best.get("memory_bytes", 0)),
-                     choice)
-            for col, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setToolTip(self._options_tooltip(e))
-                t.setItem(row, col, item)
-            t.setCellWidget(row, 5, _padded(verdict_chip(e["verdict"])))
-            t.setCellWidget(row, 6, self._catalog_buttons(e, best))
-        self.catalog_notes.setText(" ".join(cat.get("notes", [])))
-
-    @staticmethod
-    def _options_tooltip(e: dict) -> str:
-        return "\n".join(f"{o['quantization']}: memory {fmt_gib(o['memory_bytes'])}, disk "
-                         f"{fmt_bytes(o['disk_needed_bytes'])} — {o['verdict']}"
-                         for o in e["options"])
-
-    def _catalog_buttons(self, e: dict, best: dict) -> QWidget:
-        w = QWidget(self.catalog_table)
-        lay = QHBoxLayout(w)
-        lay.setContentsMargins(2, 0, 2, 0)
-        check = QPushButton("Check", w)
-        check.setAccessibleName(f"Check {e['repo_id']}")
-        check.clicked.connect(lambda: self.check_repo(e["repo_id"]))
-        get = QPushButton("Download", w)
-        get.setAccessibleName(f"Download {e['repo_id']}")
-        fits = e["verdict"] in ("recommended", "tight fit")
-        get.setEnabled(fits)
-        get.setToolTip(e["pull_command"] if fits else f"{e['verdict']} on this machine")
-        bits = best.get("bits") if best.get("needs_conversion") else None
-        get.clicked.connect(lambda: self._confirm_download(e["repo_id"], "main", bits, best))
-        lay.addWidget(check)
-        lay.addWidget(get)
-        return w
-
-    def _confirm_download(self, repo: str, revision: str, bits: int | None, spec: dict) -> None:
+    def _confirm_download(self, repo: str, revision: str, bits, spec: dict) -> None:
         what = f" and convert it to MLX {bits}-bit" if bits else ""
         size = fmt_bytes(spec.get("disk_needed_bytes") or spec.get("download_bytes"))
         if self._ask("Download model", f"Download {repo}{what}?\n\nAbout {size} of disk; "
@@ -548,14 +474,6 @@ def _precheck(repo: str, revision: str, root: Path, free_fn, total_memory) -> di
     report["disk"] = {"free_bytes": free, "fits": report["download_bytes"] * DISK_MARGIN <= free}
     report["machine"] = memory_verdict(report["memory_needed_bytes"], total_memory=total_memory)
     return report
-
-
-def _padded(widget: QWidget) -> QWidget:
-    box = QWidget()
-    lay = QHBoxLayout(box)
-    lay.setContentsMargins(6, 4, 6, 4)
-    lay.addWidget(widget)
-    return box
 
 
 def _name(job: DownloadJob) -> str:

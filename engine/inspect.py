@@ -150,7 +150,6 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
     arch, family = _family(config)
     text = config.get("text_config") or config
     quant = config.get("quantization") or None
-    foreign_quant = config.get("quantization_config") or None
     has_mtp = any(n.startswith(("mtp.", "language_model.mtp.", "model.mtp.")) for n in names)
     text_names = [n for n in names if not _is_vision(n)]
     if tensors:
@@ -162,19 +161,8 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
         dtype = str(text.get("dtype") or config.get("torch_dtype") or "bfloat16")
         per = 4 if "32" in dtype else 2
         params, estimated = (total_bytes // per if total_bytes and not quant else None), True
-    reasons: list[str] = list(notes or [])
-    supported = True
-    if family is None:
-        supported = False
-        reasons.append(f"architecture {arch or config.get('model_type')!r} is not supported "
-                       "(MTP Chat runs Qwen3.5 / Qwen3.6 models)")
-    if foreign_quant and not quant:
-        supported = False
-        method = foreign_quant.get("quant_method", "unknown")
-        reasons.append(f"quantized with {method!r}, which MLX cannot load")
-    if not names:
-        supported = False
-        reasons.append("no safetensors weights found")
+    reasons = list(notes or []) + _blockers(config, arch, family, names)
+    supported = len(reasons) == len(notes or [])
     can_speculate = supported and has_mtp
     fix = None
     if supported and not has_mtp:
@@ -192,6 +180,21 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
         "memory_needed_bytes": mem, "supported": supported, "can_speculate": can_speculate,
         "reasons": reasons, "fix": fix, "machine": machine_verdict(mem),
     }
+
+
+def _blockers(config: dict, arch: str | None, family: str | None, names: list[str]) -> list[str]:
+    """Why a model cannot run at all (empty when it can)."""
+    out = []
+    if family is None:
+        out.append(f"architecture {arch or config.get('model_type')!r} is not supported "
+                   "(MTP Chat runs Qwen3.5 / Qwen3.6 models)")
+    foreign = config.get("quantization_config") or None
+    if foreign and not config.get("quantization"):
+        out.append(f"quantized with {foreign.get('quant_method', 'unknown')!r}, which MLX "
+                   "cannot load")
+    if not names:
+        out.append("no safetensors weights found")
+    return out
 
 
 def _official_repo_guess(repo_id: str | None, config: dict) -> str:

@@ -75,7 +75,7 @@ def _checked(qtbot, w, repo: str) -> dict:
 
 def test_catalog_lists_models_with_verdicts_for_this_machine(make_window):
     w = make_window(total_memory=16 * GiB)
-    t = w.catalog_table
+    t = w.catalog_panel.table
     rows = {t.item(r, 0).text(): r for r in range(t.rowCount())}
     assert "Qwen/Qwen3.5-0.8B" in rows and "Qwen/Qwen3.6-35B-A3B" in rows
 
@@ -89,9 +89,9 @@ def test_catalog_lists_models_with_verdicts_for_this_machine(make_window):
     assert verdict("Qwen/Qwen3.5-0.8B") == "recommended" and download_enabled("Qwen/Qwen3.5-0.8B")
     assert verdict("Qwen/Qwen3.5-27B") == "not enough memory"
     assert not download_enabled("Qwen/Qwen3.5-27B")
-    assert "16.0 GiB" in w.machine_label.text()
+    assert "16.0 GiB" in w.catalog_panel.machine_label.text()
     w2 = make_window(total_memory=16 * GiB, free_space=lambda path: 10**9)
-    t2 = w2.catalog_table
+    t2 = w2.catalog_panel.table
     assert t2.cellWidget(rows["Qwen/Qwen3.5-4B"], 5).findChild(QLabel).text() == \
         "not enough disk"
 

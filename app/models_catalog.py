@@ -1,0 +1,114 @@
+"""The model manager's catalog page: curated MTP-capable models with verdicts for this Mac.
+
+Signals: ``check_requested(str repo_id)`` and
+``download_requested(str repo_id, str revision, object bits_or_None, dict option)``.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.models_panels import fmt_bytes, fmt_gib, verdict_chip
+from engine.errors import EngineError
+
+CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")
+
+
+class CatalogPanel(QWidget):
+    check_requested = Signal(str)
+    download_requested = Signal(str, str, object, dict)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.catalog: dict | None = None
+        self._build()
+
+    def _build(self) -> None:
+        page = self
+        lay = QVBoxLayout(page)
+        self.machine_label = QLabel("", page)
+        self.machine_label.setAccessibleName("This machine")
+        lay.addWidget(self.machine_label)
+        self.table = QTableWidget(0, len(CATALOG_COLUMNS), page)
+        self.table.setHorizontalHeaderLabels(CATALOG_COLUMNS)
+        self.table.setAccessibleName("Model catalog")
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(34)
+        self.table.setWordWrap(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        hdr = self.table.horizontalHeader()
+        hdr.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, len(CATALOG_COLUMNS)):
+            hdr.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        lay.addWidget(self.table, 1)
+        self.notes = QLabel("", page)
+        self.notes.setWordWrap(True)
+        self.notes.setObjectName("muted")
+        lay.addWidget(self.notes)
+
+    def refresh(self, *, store_root, total_memory: int | None = None,
+                free_space=None) -> None:
+        from engine.catalog import catalog_for_machine
+
+        try:
+            cat = catalog_for_machine(store_root=store_root, total_mem=total_memory,
+                                      free_fn=free_space)
+        except EngineError as exc:
+            self.machine_label.setText(str(exc))
+            return
+        self.catalog = cat
+        m = cat["machine"]
+        self.machine_label.setText(
+            f"<b>This Mac:</b> {fmt_gib(m['total_memory_bytes'])} memory · "
+            f"{fmt_bytes(m['free_disk_bytes'])} free on the disk holding {m['store']}")
+        t = self.table
+        t.setRowCount(len(cat["models"]))
+        for row, e in enumerate(cat["models"]):
+            best = next((o for o in e["options"] if o["quantization"] == e["best_quantization"]),
+                        {})
+            q = e["best_quantization"] or "-"
+            choice = {"bf16": "bf16 as published"}.get(q, f"{q[:-3]}-bit (convert)")
+            cells = (e["repo_id"], f"{e['parameters_b']:g} B" + (" MoE" if e.get("moe") else ""),
+                     fmt_bytes(best.get("download_bytes")), fmt_gib(best.get("memory_bytes", 0)),
+                     choice)
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(self._options_tooltip(e))
+                t.setItem(row, col, item)
+            t.setCellWidget(row, 5, _padded(verdict_chip(e["verdict"])))
+            t.setCellWidget(row, 6, self._buttons(e, best))
+        self.notes.setText(" ".join(cat.get("notes", [])))
+
+    @staticmethod
+    def _options_tooltip(e: dict) -> str:
+        return "\n".join(f"{o['quantization']}: memory {fmt_gib(o['memory_bytes'])}, disk "
+                         f"{fmt_bytes(o['disk_needed_bytes'])} — {o['verdict']}"
+                         for o in e["options"])
+
+    def _buttons(self, e: dict, best: dict) -> QWidget:
+        w = QWidget(self.table)
+        lay = QHBoxLayout(w)
+        lay.setContentsMargins(2, 0, 2, 0)
+        check = QPushButton("Check", w)
+        check.setAccessibleName(f"Check {e['repo_id']}")
+        check.clicked.connect(lambda: self.check_requested.emit(e["repo_id"]))
+        get = QPushButton("Download", w)
+        get.setAccessibleName(f"Download {e['repo_id']}")
+        fits = e["verdict"] in ("recommended", "tight fit")
+        get.setEnabled(fits)
+        get.setToolTip(e["pull_command"] if fits else f"{e['verdict']} on this machine")
+        bits = best.get("bits") if best.get("needs_conversion") else None
+        get.clicked.connect(lambda: self.download_requested.emit(e["repo_id"], "main", bits, best))
+        lay.addWidget(check)
+        lay.addWidget(get)
+        return w
+
+
+def _padded(widget: QWidget) -> QWidget:
+    box = QWidget()
+    lay = QHBoxLayout(box)
+    lay.setContentsMargins(6, 4, 6, 4)
+    lay.addWidget(widget)
+    return box
