@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import logging
+import os
 import random
 import re
+import subprocess
+import sys
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,7 @@ def _first_sentence(text: str) -> str:
 
 
 def _make_item(module: str, qualname: str, kind: str, obj) -> DocItem | None:
-    doc = obj.__doc__ if kind != "module" else obj.__doc__
+    doc = obj.__doc__
     if not isinstance(doc, str) or len(doc.strip()) < 20:
         return None
     sig = _signature(obj) if kind in ("function", "class", "method") else ""
@@ -146,18 +151,37 @@ def _members(mod_name: str, mod) -> list[DocItem]:
 
 
 def collect_items(modules: tuple[str, ...] = MODULES) -> list[DocItem]:
-    """Every documented public object of ``modules``, in a stable order, without duplicates."""
+    """Every documented public object of ``modules``, read in a fresh interpreter.
+
+    Libraries patch the standard library when imported (transformers adds methods to
+    ``logging.Logger``, torch replaces ``inspect.getfile``), so the items are collected in a
+    subprocess that imports nothing but the standard library: the corpus does not depend on
+    what the calling process imported.
+    """
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONHASHSEED": "0"}
+    code = ("import json, sys; from engine.training.corpus import collect_items_here, asdict; "
+            "json.dump([asdict(i) for i in collect_items_here(tuple(sys.argv[1:]))], sys.stdout)")
+    proc = subprocess.run([sys.executable, "-c", code, *modules], env=env, cwd=root,
+                          capture_output=True, text=True, check=True)
+    return [DocItem(**d) for d in json.loads(proc.stdout)]
+
+
+def collect_items_here(modules: tuple[str, ...] = MODULES) -> list[DocItem]:
+    """:func:`collect_items` in this process (its result depends on what is imported)."""
     seen: set[str] = set()
     items: list[DocItem] = []
     for mod_name in modules:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+        # Deprecated names (typing.io ...) warn on attribute access: read them all the same.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
                 mod = importlib.import_module(mod_name)
-        except ImportError as exc:  # optional modules (e.g. no _ssl): skip, stay deterministic
-            log.info("skipping %s: %s", mod_name, exc)
-            continue
-        for item in _members(mod_name, mod):
+            except ImportError as exc:  # optional modules (e.g. no _ssl): skip
+                log.info("skipping %s: %s", mod_name, exc)
+                continue
+            members = _members(mod_name, mod)
+        for item in members:
             if item.qualname not in seen:
                 seen.add(item.qualname)
                 items.append(item)

@@ -16,6 +16,7 @@ import copy
 import json
 import logging
 import math
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.training import acceptance, corpus, tokenizer
+from engine.training import acceptance, corpus, readme, tokenizer
 from engine.training.export import export_model
 from engine.training.model import (FULL_SIZE, TINY_SIZE, DemoModel, ModelSize, build_model,
                                    count_parameters)
@@ -259,8 +260,10 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
         "chosen_head": chosen, "acceptance_final": final,
         "train_seconds": round(time.monotonic() - t0, 1),
         "torch_version": torch.__version__,
+        "python": platform.python_version(),
     }
     (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n",
                                            encoding="utf-8")
+    readme.write_readme(out_dir, summary, out=str(out_dir))
     report({"event": "done", "seconds": summary["train_seconds"], "out": str(out_dir)})
     return summary

@@ -1,0 +1,125 @@
+"""The model folder's README.md, written from the training summary (numbers are measured)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.training.corpus import MODULES
+
+
+def _acc_rows(acc: dict) -> str:
+    cells = " | ".join("-" if a is None else f"{a:.3f}" for a in acc["acceptance"])
+    tpc = " | ".join("-" if v is None else f"{v:.2f}" for v in acc["tokens_per_cycle"].values())
+    return f"{cells} | {tpc}"
+
+
+def _command(cfg: dict, out: str) -> str:
+    cmd = f"python -m engine train-demo --out {out}"
+    if cfg["seed"]:
+        cmd += f" --seed {cfg['seed']}"
+    if cfg["threads"] != 1:
+        cmd += f" --threads {cfg['threads']}"
+    return cmd
+
+
+def render(summary: dict, *, out: str, weights_bytes: int) -> str:
+    cfg, size, p = summary["config"], summary["config"]["size"], summary["parameters"]
+    ids = summary["token_ids"]
+    acc_j, acc_m, final = (summary["acceptance_after_joint"], summary["acceptance_after_mtp"],
+                           summary["acceptance_final"])
+    depth = len(final["acceptance"])
+    head = " | ".join(f"a{s}" for s in range(1, depth + 1))
+    tpc_head = " | ".join(f"tok/cycle d={k}" for k in range(1, depth + 1))
+    sep = "|".join(["---"] * (2 * depth + 1))
+    n_layers = size["num_hidden_layers"]
+    full = [i for i in range(n_layers) if (i + 1) % size["full_attention_interval"] == 0]
+    return f"""# mtp-demo-qwen3_5
+
+A miniature of Qwen3.5-0.8B (same architecture, same on-disk layout, same chat tokens), trained
+from scratch on this machine so that MTP Chat works offline and its speculative decoding can be
+measured against a real, trained MTP head. It answers questions about the Python standard
+library in the style of its docstrings; it is a demonstration model, not a useful assistant
+(it is small and knows only its corpus; on unseen names it makes things up).
+
+## Architecture
+
+| | |
+|---|---|
+| layout | raw Hugging Face, `Qwen3_5ForConditionalGeneration`, `model_type: qwen3_5`, nested `text_config` (`qwen3_5_text`) |
+| trunk | {n_layers} layers: Gated DeltaNet, gated full attention at layers {full} (`full_attention_interval: {size['full_attention_interval']}`) |
+| hidden / FFN | {size['hidden_size']} / {size['intermediate_size']} (SwiGLU) |
+| full attention | {size['num_attention_heads']} query / {size['num_key_value_heads']} KV heads, head_dim {size['head_dim']}, output gate (`q_proj` is 2 x heads x head_dim), q/k RMSNorm, partial rotary {size['partial_rotary_factor']} (theta {size['rope_theta']:.0e}) |
+| Gated DeltaNet | {size['linear_num_key_heads']} key heads x {size['linear_key_head_dim']}, {size['linear_num_value_heads']} value heads x {size['linear_value_head_dim']}, conv kernel {size['linear_conv_kernel_dim']} |
+| vocabulary | {summary['vocab_size']} (byte-level BPE), tied embeddings |
+| MTP head | 1 layer (`mtp_num_hidden_layers: 1`): `mtp.fc` [H, 2H] over [embedding, hidden], `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, one gated full-attention decoder layer, `mtp.norm`, shared LM head |
+| parameters | {p['total']:,} ({p['trunk']:,} trunk incl. embeddings + {p['mtp']:,} MTP) |
+| weights | `model.safetensors`, float32 ({weights_bytes / 2**20:.1f} MiB); norms stored zero-centred (scale = 1 + w) except the Gated DeltaNet gated norm; conv1d in the raw [C, 1, K] layout; no `lm_head.weight` (tied) |
+| context | trained on {cfg['seq_len']}-token windows; `max_position_embeddings` {size['max_position_embeddings']} |
+
+Token ids: `<|endoftext|>` {ids['<|endoftext|>']}, `<|im_start|>` {ids['<|im_start|>']},
+`<|im_end|>` {ids['<|im_end|>']} (eos), `<think>` {ids['<think>']}, `</think>` {ids['</think>']}.
+`generation_config.json` stops on `[{ids['<|im_end|>']}, {ids['<|endoftext|>']}]`.
+The chat template is Qwen3-style (`<|im_start|>role\\n...<|im_end|>\\n`); with
+`enable_thinking=False` the generation prompt ends with an empty `<think>\\n\\n</think>\\n\\n`
+block, which is how every answer in the corpus starts.
+
+## Corpus and licence
+
+Question/answer chats generated from the docstrings of the Python {summary.get('python', '3.11')}
+standard library ({len(MODULES)} modules, read with `inspect`, nothing downloaded): for each public
+function, class, method and module, questions such as "What does `json.dumps` do?" answered
+with its signature and the first docstring paragraph(s), 1-3 turns per chat, some with a system
+prompt. {summary['train_items']} documented objects are used for training
+({summary['stream_tokens']:,} tokens); {summary['heldout_items']} are held out -- whole modules
+({', '.join(summary['heldout_modules'])}) plus about 5% of the others -- and
+`heldout_prompts.json` lists user prompts about them for benchmarks (never trained on).
+
+The docstrings are part of CPython: Copyright (c) 2001 Python Software Foundation; All Rights
+Reserved, distributed under the PSF License Agreement (version 2), which permits reproduction
+and derivative works provided the copyright notice is retained. The weights and tokenizer are
+derived works trained by `engine/training/` of this repository and are distributed with MTP
+Chat under the project's licence.
+
+## Training
+
+```
+{_command(cfg, out)}
+```
+
+Deterministic given the seed and the thread count (single process, torch {summary['torch_version']},
+CPU). {summary['train_seconds'] / 60:.1f} minutes on this machine (2 shared CPU cores).
+
+1. Joint phase, {cfg['joint_steps']} steps of {cfg['batch_size']} x {cfg['seq_len']} tokens,
+   AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)).
+   Final: loss {summary['joint_final'].get('loss')}, MTP loss {summary['joint_final'].get('mtp_loss')}.
+2. MTP phase, {cfg['mtp_steps']} steps, trunk frozen: every step s = 1..{cfg['depth']} of every
+   draft chain (step s >= 2 fed the head's own hidden after `mtp.norm` and the next token) is
+   distilled towards the trunk's own next-token distribution (soft cross-entropy, weights
+   {list(cfg['depth_weights'])}). Final: {summary['mtp_final']}.
+
+Greedy acceptance on held-out prompts was measured after each phase and the better head kept:
+**{summary['chosen_head']}**.
+
+## Measured acceptance (torch, float32, temperature 0)
+
+The trunk decodes each held-out prompt greedily (`enable_thinking=False`); for every draft chain
+started in the generated text, a_s = P(draft s equals the trunk's own token | drafts 1..s-1
+accepted); tokens/cycle simulates decoding with d drafts per cycle (accepted drafts + 1).
+
+| head | {head} | {tpc_head} |
+|{sep}|
+| after joint phase ({acc_j['prompts']} prompts) | {_acc_rows(acc_j)} |
+| after MTP phase ({acc_m['prompts']} prompts) | {_acc_rows(acc_m)} |
+| **shipped** ({final['prompts']} prompts, {final['generated_tokens']} tokens) | {_acc_rows(final)} |
+
+## Engine benchmarks
+
+Measured with `python -m engine bench` (see the project README).
+"""
+
+
+def write_readme(out_dir: Path, summary: dict, *, out: str) -> Path:
+    weights = out_dir / "model.safetensors"
+    path = out_dir / "README.md"
+    path.write_text(render(summary, out=out, weights_bytes=weights.stat().st_size),
+                    encoding="utf-8")
+    return path
