@@ -151,8 +151,7 @@ class Downloader:
                 with self._lock:
                     resp = self._resp
                 if resp is not None:
-                    with contextlib.suppress(Exception):
-                        resp.close()  # unblocks a read waiting on a silent server
+                    _abort(resp)
             self._emit()
 
     # ------------------------------------------------------------------ plan
@@ -401,6 +400,20 @@ class Downloader:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": listing.commit,
                 "endpoint": hub.endpoint(), "summary": summary,
                 "files": {f.path: {"size": f.size, "digest": _expected_digest(f)} for f in files}}
+
+
+def _abort(resp) -> None:
+    """Unblock a read waiting on a silent server: shut the socket down under it."""
+    import socket
+
+    with contextlib.suppress(Exception):
+        stream = resp.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+            return
+    with contextlib.suppress(Exception):
+        resp.close()
 
 
 def _free_space(path: Path) -> int:

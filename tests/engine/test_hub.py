@@ -228,3 +228,32 @@ def test_parse_repo_ref():
     for bad in ("", "justaname", "a/b/c/d e", "../x"):
         with pytest.raises(hub.RepoNotFoundError):
             hub.parse_repo_ref(bad)
+
+
+def test_read_timeouts_are_retried_from_the_byte_reached(fake, repos, store):
+    fake.chunk_size = 150_000
+    fake.path_delay_s[SHARD2] = 1.0  # silent for longer than the read timeout after each chunk
+    events = []
+    res = _dl("tiny/mtp", store, read_timeout_s=0.3, progress=events.append).run()
+    assert res.status == "installed"
+    ranges = [r["range"] for r in fake.requests if r["path"].endswith(SHARD2)]
+    assert ranges[0] is None and ranges[1:] == ["bytes=150000-", "bytes=300000-"]
+    assert any("timed out" in e.message for e in events)
+
+
+def test_cancel_interrupts_a_silent_server_at_once(fake, store):
+    import time
+
+    fake.chunk_size = 16 * 1024
+    fake.path_delay_s[SHARD1] = 30.0
+    cancel = threading.Event()
+    t0 = []
+
+    def on_progress(p):
+        if p.file == SHARD1 and p.file_bytes_done > 0 and not cancel.is_set():
+            t0.append(time.monotonic())
+            cancel.set()
+
+    res = _dl("tiny/mtp", store, cancel=cancel, progress=on_progress).run()
+    assert res.status == "cancelled"
+    assert time.monotonic() - t0[0] < 2.0  # not the 30 s the server sits silent
