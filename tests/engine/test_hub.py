@@ -257,3 +257,47 @@ def test_cancel_interrupts_a_silent_server_at_once(fake, store):
     res = _dl("tiny/mtp", store, cancel=cancel, progress=on_progress).run()
     assert res.status == "cancelled"
     assert time.monotonic() - t0[0] < 2.0  # not the 30 s the server sits silent
+
+
+def test_disk_full_while_writing_keeps_the_part_and_says_so(fake, repos, store, monkeypatch):
+    import builtins
+    import errno
+
+    import engine.download as dl
+
+    class _FullDisk:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            if self.fh.tell() + len(data) > 200_000:
+                self.fh.write(data[:100])  # a short write before the error
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.fh.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    def fake_open(path, mode="r", *a, **k):
+        fh = builtins.open(path, mode, *a, **k)
+        return _FullDisk(fh) if str(path).endswith(SHARD1 + ".part") and "a" in mode else fh
+
+    monkeypatch.setattr(dl, "open", fake_open, raising=False)
+    with pytest.raises(hub.NotEnoughDiskError, match="disk filled up"):
+        _dl("tiny/mtp", store).run()
+    part = store.staging_path("tiny--mtp") / (SHARD1 + ".part")
+    kept = part.stat().st_size
+    assert 0 < kept <= 200_000
+    assert part.read_bytes() == repos["tiny/mtp"].files[SHARD1][:kept]  # no torn chunk
+    monkeypatch.undo()
+    point_hf_at(fake, monkeypatch, store.root.parent)
+    fake.wait_idle()
+    fake.reset_counts()
+    assert _dl("tiny/mtp", store).run().status == "installed"
+    assert fake.served_for("tiny/mtp")[SHARD1] == len(repos["tiny/mtp"].files[SHARD1]) - kept
