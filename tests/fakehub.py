@@ -255,6 +255,14 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.hub, self.is_cdn = hub, is_cdn
 
+    def handle_error(self, request, client_address) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], OSError):  # a client went away: expected in tests
+            self.hub.note_disconnect()
+            return
+        super().handle_error(request, client_address)
+
 
 class FakeHub:
     """Start with ``with FakeHub(repos) as hub:``; ``hub.url`` is the endpoint."""
