@@ -114,6 +114,22 @@ def generate(model, prompt_ids: list[int], *, max_tokens: int, depth, sampling: 
     model.prompt_cache.snapshots.append(session.snapshot())
 
 
+def _controller(model, drafter):
+    """One adaptive controller per model (or drafter), seeded from a saved tuning, so a new
+    reply does not pay the warm-up again."""
+    from engine.adaptive import controller_for
+
+    initial = None
+    try:
+        from engine import store
+
+        initial = (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
+    except Exception:  # noqa: BLE001 - a missing/corrupt tuning file only costs warm-up
+        log.debug("no saved tuning for %s", model.info.path, exc_info=True)
+    max_d = 4 if drafter is not None else min(model.info.max_depth or 3, 4)
+    return controller_for(model if drafter is None else drafter, max_d, initial=initial)
+
+
 def _keys(seed: int | None):
     k = sampling.make_key(seed if seed is not None else random.getrandbits(62))
     while True:
@@ -208,9 +224,7 @@ class _Loop:
     def run_speculative(self, x0: int, depth, drafter) -> Iterator[Event]:
         controller = None
         if depth == "auto":
-            from engine.adaptive import AdaptiveDepth
-
-            controller = AdaptiveDepth(max_depth=6 if drafter is None else 4)
+            controller = _controller(self.model, drafter)
         while True:
             if self._cancelled():
                 yield self._cancel_event()

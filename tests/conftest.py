@@ -10,3 +10,5 @@ os.environ["HF_HUB_OFFLINE"] = os.environ.get("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MTPCHAT_HOME", tempfile.mkdtemp(prefix="mtpchat-test-home-"))
+
+import engine  # noqa: E402,F401  - loads OpenBLAS before any test module imports mlx
