@@ -10,6 +10,7 @@ A benchmark command, not a test: numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("MTPCHAT_HOME", tempfile.mkdtemp(prefix="mtpchat-bench-"))
     import psutil
-    from PySide6.QtCore import QCoreApplication, QElapsedTimer, QEventLoop, QTimer
+    from PySide6.QtCore import QCoreApplication, QElapsedTimer, QEvent, QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         end = time.monotonic() + timeout
         while not cond() and time.monotonic() < end:
             QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 20)
+            # deleteLater() runs from an event loop; this bench drives Qt by processEvents()
+            QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
             time.sleep(0.002)
 
     spin_until(lambda: window.session.model_info is not None, 30)
@@ -78,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     window.session.stream_updated.disconnect(window.on_stream_updated)
     window.session.stream_updated.connect(timed_update)
 
+    gc.collect()
     rss = [proc.memory_info().rss]
+    widgets = [len(QApplication.allWidgets())]
     runs = []
     for run in range(args.runs):
         lateness: list[float] = []
@@ -110,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         timer.stop()
         elapsed = time.perf_counter() - t0
         spin_until(lambda: False, 0.3)
+        gc.collect()
         rss.append(proc.memory_info().rss)
+        widgets.append(len(QApplication.allWidgets()))
         msg = window.store.messages(window.current_conv)[-1]
         runs.append({
             "run": run + 1, "tokens": (msg.meta.get("stats") or {}).get("tokens"),
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "rss_after_runs_mb": [round(r / 2**20, 1) for r in rss[1:]],
         "rss_growth_first_mb": round((rss[1] - rss[0]) / 2**20, 1),
         "rss_growth_next_mb": round((rss[-1] - rss[1]) / 2**20, 1) if len(rss) > 2 else None,
+        "widgets_alive": widgets,
         "goal_p99_ms": 50,
         "pass": all(r["latency_p99_ms"] < 50 for r in runs),
     }
@@ -151,6 +159,7 @@ def _report(result: dict, *, as_json: bool) -> None:
     print(f"  memory: RSS {result['rss_start_mb']} MB at start, after each run "
           f"{result['rss_after_runs_mb']} MB (first run +{result['rss_growth_first_mb']} MB, "
           f"later runs +{result['rss_growth_next_mb']} MB)")
+    print(f"  live widgets: at start and after each run {result['widgets_alive']}")
     print(f"  goal p99 < {result['goal_p99_ms']} ms: {'met' if result['pass'] else 'NOT met'}")
 
 

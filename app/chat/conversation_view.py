@@ -7,7 +7,7 @@ once per ``show_conversation``; a streaming reply is updated in place through
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.chat.message_widget import MessageWidget
 from app.db import Message
@@ -29,6 +29,7 @@ class ConversationView(QScrollArea):
         self.tint = False
         self.model_name: str | None = None
         self.widgets: dict[int, MessageWidget] = {}
+        self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
         canvas = QWidget()
         canvas.setObjectName("conversationCanvas")
@@ -66,10 +67,12 @@ class ConversationView(QScrollArea):
         bar.setValue(bar.maximum())
 
     def clear(self) -> None:
-        for w in self.widgets.values():
-            self._col.removeWidget(w)
-            w.deleteLater()
+        for row in self._rows.values():
+            self._col.removeWidget(row)
+            row.hide()
+            row.deleteLater()
         self.widgets.clear()
+        self._rows.clear()
         self.empty_label.show()
 
     def show_conversation(self, conv_id: int | None, messages: list[Message],
@@ -93,7 +96,18 @@ class ConversationView(QScrollArea):
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.update_content(content, meta, final=final)
-        self._col.insertWidget(self._col.count() - 1, w)
+        row: QWidget = w
+        if role == "user":  # the user's bubble hugs its text on the right, like a messenger
+            row = QWidget(self.column)
+            hl = QHBoxLayout(row)
+            hl.setContentsMargins(0, 0, 0, 0)
+            hl.addStretch(1)
+            w.setParent(row)
+            w.setMaximumWidth(int(MAX_COLUMN_WIDTH * 0.8))
+            w.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Preferred)
+            hl.addWidget(w)
+        self._col.insertWidget(self._col.count() - 1, row)
+        self._rows[msg_id] = row
         self.widgets[msg_id] = w
         self.empty_label.hide()
         return w

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QTextOption
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QTextCharFormat, QTextCursor, QTextDocument, QTextOption
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -26,6 +26,26 @@ from PySide6.QtWidgets import (
 
 from app.chat.markdown import Block, draft_spans_in, highlight_html, split_blocks, stable_count, tinted_html
 from app.chat.theme import current_colors
+
+
+_MONO = ["Menlo", "DejaVu Sans Mono", "Consolas", "monospace"]
+
+
+class _CodeView(QTextBrowser):
+    """Unwrapped code whose height follows its content (a horizontal scroll bar if too wide)."""
+
+    def fit(self) -> None:
+        doc = self.document()
+        h = int(doc.size().height()) + 2
+        if doc.idealWidth() > self.width() > 0:
+            h += self.horizontalScrollBar().sizeHint().height()
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.fit()
 
 
 class CodeBlock(QFrame):
@@ -59,7 +79,7 @@ class CodeBlock(QFrame):
         hl.addStretch(1)
         hl.addWidget(self.copy_button)
         lay.addWidget(header)
-        self.view = QTextBrowser(self)
+        self.view = _CodeView(self)
         self.view.setObjectName("codeText")
         self.view.setAccessibleName("Code")
         self.view.setWordWrapMode(QTextOption.WrapMode.NoWrap)
@@ -68,7 +88,7 @@ class CodeBlock(QFrame):
         self.view.setFrameShape(QFrame.Shape.NoFrame)
         self.view.document().setDocumentMargin(10)
         font = QGuiApplication.font()
-        font.setFamilies(["Menlo", "DejaVu Sans Mono", "Consolas", "monospace"])
+        font.setFamilies(_MONO)
         font.setStyleHint(font.StyleHint.Monospace)
         self.view.setFont(font)
         lay.addWidget(self.view)
@@ -98,20 +118,7 @@ class CodeBlock(QFrame):
                 self._head_html = head[: -len("</pre>")] + ("\n" if n else "")
                 self._rendered_lines = n
             self.view.setHtml(self._head_html + html.escape(partial) + "</pre>")
-        self._fit()
-
-    def _fit(self) -> None:
-        doc = self.view.document()
-        h = int(doc.size().height()) + 2
-        if doc.idealWidth() > self.view.viewport().width() > 0:
-            h += self.view.horizontalScrollBar().sizeHint().height()
-        if h != self.view.height():
-            self.view.setFixedHeight(h)
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        if event.size().width() != event.oldSize().width():
-            self._fit()
+        self.view.fit()
 
 
 class CachedLabel(QLabel):
@@ -153,6 +160,32 @@ class CachedLabel(QLabel):
         if "m" not in self._cache:
             self._cache["m"] = super().minimumSizeHint()
         return self._cache["m"]
+
+
+def markdown_html(text: str, *, font: QFont, code_bg: str) -> str:
+    """Markdown -> Qt rich text, with inline code on a tinted monospace background.
+
+    (A Markdown-mode QLabel renders `code` in a monospace font only, which is easy to miss.)
+    """
+    doc = QTextDocument()
+    doc.setDefaultFont(font)
+    doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    code_fmt = QTextCharFormat()
+    code_fmt.setFontFamilies(_MONO)
+    code_fmt.setBackground(QColor(code_bg))
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.isValid() and frag.charFormat().fontFixedPitch():
+                cur = QTextCursor(doc)
+                cur.setPosition(frag.position())
+                cur.setPosition(frag.position() + frag.length(), QTextCursor.MoveMode.KeepAnchor)
+                cur.mergeCharFormat(code_fmt)
+            it += 1
+        block = block.next()
+    return doc.toHtml()
 
 
 def prose_label(parent: QWidget, name: str = "Message text") -> CachedLabel:
@@ -286,5 +319,5 @@ class MarkdownFlow(QWidget):
             w.setTextFormat(Qt.TextFormat.RichText)
             w.setText(tinted_html(block.text, tint, current_colors().draft_tint))
         else:
-            w.setTextFormat(Qt.TextFormat.MarkdownText)
-            w.setText(block.text)
+            w.setTextFormat(Qt.TextFormat.RichText)
+            w.setText(markdown_html(block.text, font=w.font(), code_bg=current_colors().code_header))

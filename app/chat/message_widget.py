@@ -82,6 +82,8 @@ class MessageWidget(QFrame):
         self.role = role
         self.tint = tint
         self.content = ""
+        self._streaming = False
+        self._regen_wanted = False
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         self._lay = QVBoxLayout(self)
@@ -130,6 +132,20 @@ class MessageWidget(QFrame):
         self.regen_button.setVisible(False)
         self._lay.addLayout(row)
 
+    def sizeHint(self):  # noqa: N802 - Qt override
+        hint = super().sizeHint()
+        if self.role != "user":
+            return hint
+        # A user bubble is as wide as its longest line (up to its maximum width).
+        fm = self.body.fontMetrics()
+        longest = max((fm.horizontalAdvance(line) for line in self.content.splitlines() or [""]),
+                      default=0)
+        m = self._lay.contentsMargins()
+        actions = sum(b.sizeHint().width() for b in (self.copy_button, self.edit_button)) + 12
+        want = max(longest, actions, fm.horizontalAdvance("You")) + m.left() + m.right() + 4
+        hint.setWidth(min(want, self.maximumWidth()))
+        return hint
+
     def copy(self) -> None:
         text = split_think(self.content).answer if self.role == "assistant" else self.content
         QGuiApplication.clipboard().setText(text.strip())
@@ -137,7 +153,8 @@ class MessageWidget(QFrame):
 
     def set_actions_enabled(self, *, edit: bool, regenerate: bool, regenerate_visible: bool) -> None:
         self.edit_button.setEnabled(edit)
-        self.regen_button.setVisible(regenerate_visible and self.role == "assistant")
+        self._regen_wanted = regenerate_visible and self.role == "assistant"
+        self.regen_button.setVisible(self._regen_wanted and not self._streaming)
         self.regen_button.setEnabled(regenerate)
 
     def update_content(self, content: str, meta: dict, *, final: bool) -> None:
@@ -173,4 +190,6 @@ class MessageWidget(QFrame):
         elif status == "interrupted":
             line = "Interrupted (the app closed while this reply was streaming)"
         self.stats_label.setText(line)
-        self.copy_button.setEnabled(final)
+        self._streaming = not final
+        self.copy_button.setVisible(final)
+        self.regen_button.setVisible(final and self._regen_wanted)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence, QPalette
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -20,6 +21,9 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -27,6 +31,7 @@ from PySide6.QtWidgets import (
 from app.db import Conversation
 
 UNDO_SECONDS = 10
+SUBTITLE_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
 def relative_time(ts: float, now: float | None = None) -> str:
@@ -40,6 +45,41 @@ def relative_time(ts: float, now: float | None = None) -> str:
     if d < 7 * 86400:
         return f"{int(d // 86400)} d ago"
     return time.strftime("%Y-%m-%d", time.localtime(ts))
+
+
+class ConversationDelegate(QStyledItemDelegate):
+    """Two lines per chat: the title, and a muted "when · writing…" line."""
+
+    PAD = 6
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802 - Qt override
+        fm = option.fontMetrics
+        return QSize(option.rect.width(), 2 * fm.height() + 2 * self.PAD + 2)
+
+    def paint(self, painter, option, index) -> None:
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        opt.text = ""
+        style = opt.widget.style() if opt.widget else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        pal = option.palette
+        title_color = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text)
+        r = option.rect.adjusted(self.PAD + 2, self.PAD, -self.PAD, -self.PAD)
+        fm = option.fontMetrics
+        painter.save()
+        painter.setPen(title_color)
+        title = fm.elidedText(index.data(Qt.ItemDataRole.DisplayRole) or "", Qt.TextElideMode.ElideRight, r.width())
+        painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
+        small = painter.font()
+        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.88))
+        painter.setFont(small)
+        sub = index.data(SUBTITLE_ROLE) or ""
+        muted = title_color if selected else pal.color(QPalette.ColorRole.PlaceholderText)
+        painter.setPen(muted)
+        painter.drawText(QRect(r.left(), r.top() + fm.height() + 2, r.width(), fm.height()),
+                         Qt.AlignmentFlag.AlignLeft, sub)
+        painter.restore()
 
 
 class Sidebar(QWidget):
@@ -75,7 +115,8 @@ class Sidebar(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.currentItemChanged.connect(self._on_current)
-        self.list.setWordWrap(True)
+        self.list.setItemDelegate(ConversationDelegate(self.list))
+        self.list.setUniformItemSizes(True)
         lay.addWidget(self.list, 1)
         self._build_undo_bar(lay)
         self._building = False
@@ -121,8 +162,9 @@ class Sidebar(QWidget):
             self.list.clear()
             now = time.time()
             for c in convs:
-                mark = " ●" if c.id in streaming else ""
-                item = QListWidgetItem(f"{c.title}{mark}\n{relative_time(c.updated_at, now)}")
+                when = relative_time(c.updated_at, now)
+                item = QListWidgetItem(c.title)
+                item.setData(SUBTITLE_ROLE, f"writing… · {when}" if c.id in streaming else when)
                 item.setData(Qt.ItemDataRole.UserRole, c.id)
                 item.setToolTip(c.title)
                 self.list.addItem(item)
