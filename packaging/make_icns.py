@@ -20,6 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PNG = HERE / "icon" / "icon.png"
+DEFAULT_OUT = HERE.parent / "build" / "MTPChat.icns"  # build/ is git-ignored
 
 # (ICNS type, pixel size, iconset file name) -- the full set iconutil produces.
 ENTRIES = (
@@ -102,9 +103,9 @@ def _build_with_qt(png: Path, out: Path) -> None:
 
 
 def build_icns(png: Path = DEFAULT_PNG, out: Path | None = None, *, backend: str = "auto") -> Path:
-    """Write ``out`` (default: next to ``png``) and return its path."""
+    """Write ``out`` (default: build/MTPChat.icns) and return its path."""
     png = Path(png)
-    out = Path(out) if out else png.with_suffix(".icns")
+    out = Path(out) if out else DEFAULT_OUT
     out.parent.mkdir(parents=True, exist_ok=True)
     if backend == "iconutil" or (backend == "auto" and _iconutil_available()):
         _build_with_iconutil(png, out)

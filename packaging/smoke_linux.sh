@@ -53,6 +53,14 @@ APPDIR="$DIST/mtpchat"
 EXE="$APPDIR/mtpchat"
 step() { printf '\n==> %s\n' "$*"; }
 fail() { echo "smoke_linux.sh: FAILED: $*" >&2; exit 1; }
+# Run the frozen app with a time limit; fail on a non-zero exit or any Python traceback.
+run_app() {
+    local limit="$1"; shift
+    local log="$TMP/run-$RANDOM.log" rc=0
+    timeout "$limit" "$EXE" "$@" 2>&1 | tee "$log" || rc=$?   # pipefail: the app's status
+    [ "$rc" = 0 ] || fail "mtpchat $* exited $rc"
+    if grep -q "^Traceback" "$log"; then fail "mtpchat $* printed a Python traceback (see above)"; fi
+}
 
 [ "$(uname -s)" = Linux ] || fail "this is the Linux smoke build; on a Mac use build_macos.sh"
 cd "$ROOT"
@@ -92,22 +100,33 @@ echo "$out"
 case "$out" in *"$VERSION"*) ;; *) fail "--version printed '$out', expected $VERSION" ;; esac
 
 step "mtpchat --quit-after 1"
-timeout 300 "$EXE" --quit-after 1 || fail "--quit-after 1 exited $?"
+run_app 300 --quit-after 1
 [ -s "$MTPCHAT_HOME/logs/mtpchat.log" ] || fail "no log written under MTPCHAT_HOME"
+[ -f "$MTPCHAT_HOME/logs/crash.log" ] || fail "the frozen launcher did not set up logs/crash.log"
 
 if [ "$SELFTEST" = 1 ]; then
     step "mtpchat --self-test"
     t0=$(date +%s)
-    timeout 900 "$EXE" --self-test "${MODEL_ARGS[@]}" || fail "--self-test exited $?"
+    run_app 900 --self-test "${MODEL_ARGS[@]}"
     echo "self-test time: $(($(date +%s) - t0)) s"
+    loaded="$(grep -o "loaded /[^ ]* in" "$MTPCHAT_HOME/logs/mtpchat.log" | tail -1 || true)"
+    echo "model ${loaded:-load not found in the log}"
+    if [ ${#MODEL_ARGS[@]} = 0 ]; then
+        case "$loaded" in
+            *"$APPDIR/_internal/resources/models/"*) echo "the embedded demo model was used from inside the build (read-only)" ;;
+            "") ;;
+            *) fail "the self-test did not load the embedded model from the build" ;;
+        esac
+    fi
 fi
 
 step "platformdirs locations (no MTPCHAT_HOME, HOME=$TMP/user)"
 mkdir -p "$TMP/user"
 (
     unset MTPCHAT_HOME XDG_DATA_HOME XDG_CONFIG_HOME XDG_STATE_HOME XDG_CACHE_HOME
-    HOME="$TMP/user" timeout 300 "$EXE" --quit-after 1
-) || fail "--quit-after 1 with the default locations exited $?"
+    export HOME="$TMP/user"
+    run_app 300 --quit-after 1
+)
 log="$(find "$TMP/user" -name mtpchat.log -print -quit)"
 [ -n "$log" ] || fail "no mtpchat.log under the platformdirs home $TMP/user"
 echo "log written to ${log#"$TMP/user"/} (under HOME)"
