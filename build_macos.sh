@@ -83,11 +83,16 @@ run() {
     printf '+'; printf ' %q' "$@"; printf '\n'
     [ "$DRY_RUN" = 1 ] || "$@"
 }
-# Run a named check function (in a dry run: print its commands instead).
+# check DESCRIPTION FUNCTION [HELPER...]: run FUNCTION; in a dry run print the commands of
+# FUNCTION and of the helper functions it calls instead.
 check() {
     echo "+ check: $1"
     if [ "$DRY_RUN" = 1 ]; then
-        declare -f "$2" | sed '1,2d;$d'
+        local f
+        for f in "${@:2}"; do
+            [ "$f" = "$2" ] || echo "  (helper $f:)"
+            declare -f "$f" | sed '1,2d;$d'
+        done
     else
         "$2"
     fi
@@ -311,18 +316,18 @@ main() {
         "$VPY" -m PyInstaller --noconfirm --clean --distpath "$OUT" --workpath "$WORK/pyinstaller" \
         packaging/mtpchat.spec
     step "6. verify the bundle"
-    check "metallib beside every libmlx, mlx_lm.models, demo model, Info.plist, minimum macOS" verify_bundle
+    check "metallib beside every libmlx, mlx_lm.models, demo model, Info.plist, minimum macOS" verify_bundle verify_metallibs
     step "7. signature"
     check "codesign --verify --deep --strict, entitlements, hardened runtime" verify_signature
     step "8. self-test inside the bundle"
     check "\"$APP/Contents/MacOS/$APP_NAME\" --self-test; platformdirs; bundle untouched" self_test
     if [ -n "$NOTARY_PROFILE" ]; then
         step "9. notarize (profile $NOTARY_PROFILE)"
-        check "notarytool submit --wait, stapler staple, spctl -a -vvv" notarize_app
+        check "notarytool submit --wait, stapler staple, spctl -a -vvv" notarize_app notarize
     fi
     if [ "$MAKE_DMG" = 1 ]; then
         step "10. DMG"
-        check "hdiutil create -format UDZO $DMG (signed/notarized as requested)" make_dmg
+        check "hdiutil create -format UDZO $DMG (signed/notarized as requested)" make_dmg notarize
     fi
     step "11. archive"
     run rm -f "$ZIP"

@@ -95,8 +95,10 @@ def test_build_macos_dry_run_on_a_mac_prints_every_step_and_runs_none(tmp_path):
              "--platform macosx_14_0_arm64", "--require-hashes", "pip install", "--no-index",
              "pip check", "make_icns.py", "PyInstaller", "packaging/mtpchat.spec",
              "check: metallib beside every libmlx", "check: codesign --verify --deep --strict",
-             "--self-test", "check: notarytool submit", "check: hdiutil create -format UDZO",
-             "ditto -c -k --keepParent", "dry run done"]
+             "--self-test", "check: notarytool submit", "xcrun stapler staple", "spctl -a -vvv",
+             "(helper notarize:)", "xcrun notarytool submit", "check: hdiutil create -format UDZO",
+             "hdiutil create", "codesign --force --sign", "hdiutil verify",
+             "+ ditto -c -k --keepParent", "dry run done"]
     positions = [text.find(piece) for piece in order]
     assert -1 not in positions, [p for p, i in zip(order, positions) if i == -1]
     assert positions == sorted(positions)
