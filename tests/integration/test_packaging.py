@@ -95,7 +95,7 @@ def test_build_macos_dry_run_on_a_mac_prints_every_step_and_runs_none(tmp_path):
              "--platform macosx_14_0_arm64", "--require-hashes", "pip install", "--no-index",
              "pip check", "make_icns.py", "PyInstaller", "packaging/mtpchat.spec",
              "check: metallib beside every libmlx", "check: codesign --verify --deep --strict",
-             "--self-test", "check: notarytool submit", "xcrun stapler staple", "spctl -a -vvv",
+             "--self-test", "check: notarytool submit", "xcrun stapler staple", "spctl -a -vvv -t exec",
              "(helper notarize:)", "xcrun notarytool submit", "check: hdiutil create -format UDZO",
              "hdiutil create", "codesign --force --sign", "hdiutil verify",
              "+ ditto -c -k --keepParent", "dry run done"]
