@@ -268,6 +268,39 @@ def test_prune_toc_drops_unused_qt_and_excluded_metadata():
     assert [e[0] for e in mb.prune_toc(toc)] == keep
 
 
+def test_mac_bundle_layout_has_a_metallib_beside_every_libmlx(tmp_path):
+    """Run PyInstaller's own .app relocation (BUNDLE._process_bundle_toc, private API of the
+    pinned PyInstaller) on a TOC shaped like the real one, materialize the result and check
+    it: proves on Linux that the spec's SYMLINK entries land where MLX looks on macOS."""
+    osx = pytest.importorskip("PyInstaller.building.osx")
+    toc = [("MTP Chat", "exe", "EXECUTABLE"),
+           ("mlx/lib/libmlx.dylib", "libmlx.dylib", "BINARY"),
+           ("mlx/lib/libjaccl.dylib", "libjaccl.dylib", "BINARY"),
+           ("mlx/lib/mlx.metallib", "mlx.metallib", "DATA"),
+           ("mlx/core.cpython-312-darwin.so", "core.so", "EXTENSION"),
+           ("libmlx.dylib", "mlx/lib/libmlx.dylib", "SYMLINK"),  # added by PyInstaller on macOS
+           ("mlx_lm/models/qwen3_5.py", "q.py", "DATA"),
+           ("mlx_lm/models/qwen3_5_moe.py", "q.py", "DATA"),
+           ("resources/models/demo/config.json", "c.json", "DATA")]
+    toc += mb.metallib_entries(toc)
+    bundle = osx.BUNDLE.__new__(osx.BUNDLE)._process_bundle_toc(toc)
+    app = tmp_path / "MTP Chat.app"
+    for dest, src, kind in sorted(bundle, key=lambda e: e[2] == "SYMLINK"):
+        path = app / dest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "SYMLINK":
+            path.symlink_to(src)
+        else:
+            path.write_bytes(b"x")
+    assert mb.verify_tree(app, mac=True) == []
+    for folder in ("Contents/Frameworks", "Contents/Frameworks/mlx/lib", "Contents/Resources"):
+        assert (app / folder / "libmlx.dylib").exists()
+        assert (app / folder / "mlx.metallib").exists(), folder
+    assert (app / "Contents/Resources/mlx/lib/mlx.metallib").is_file()  # the one real copy
+    assert not (app / "Contents/Resources/mlx/lib/mlx.metallib").is_symlink()
+    assert (app / "Contents/Frameworks/resources/models/demo/config.json").exists()  # _MEIPASS view
+
+
 def _fake_frozen(root: Path, *, mac: bool) -> Path:
     lib = root / "mlx" / "lib"
     lib.mkdir(parents=True)
