@@ -72,6 +72,7 @@ if [ "$BUILD" = 1 ]; then
         "$PY" -m pip install -q 'pyinstaller>=6.10'
     fi
     step "building MTP Chat $VERSION with PyInstaller $("$PY" -m PyInstaller --version) into $WORK"
+    [ ! -d "$DIST" ] || chmod -R u+w "$DIST"   # a killed earlier run may have left it read-only
     rm -rf "$DIST" "$WORK/build"
     t0=$(date +%s)
     "$PY" -m PyInstaller --noconfirm --clean --log-level WARN \
