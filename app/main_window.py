@@ -7,6 +7,7 @@ another database (tests, the bench); ``autoload=False`` skips loading a model at
 """
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -14,9 +15,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -26,12 +25,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import __version__
 import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug)
+from app import __version__
 from app.chat.aux_windows import AuxWindows
 from app.chat.composer import Composer
+from app.chat.conversation_actions import ConversationActions
 from app.chat.conversation_view import ConversationView
-from app.chat.export import to_json, to_markdown
 from app.chat.model_picker import ModelPicker
 from app.chat.session import ChatSession
 from app.chat.settings import ChatSettings
@@ -50,9 +49,17 @@ def _warm_up_highlighter() -> None:
     from app.chat.markdown import highlight_html
 
     highlight_html("x = 1", "python", dark=False)
+    _freeze_heap()
 
 
-class MainWindow(QMainWindow):
+def _freeze_heap() -> None:
+    """Move everything allocated so far (modules, the tokenizer, widgets) out of the cyclic
+    GC's reach: full collections over it took 20-65 ms, long enough to stutter a stream."""
+    gc.collect()
+    gc.freeze()
+
+
+class MainWindow(ConversationActions, QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
@@ -224,80 +231,6 @@ class MainWindow(QMainWindow):
         self.view.show_conversation(self.current_conv, self.store.messages(self.current_conv), live)
         self.view.update_actions(busy=self.session.busy)
 
-    def new_chat(self) -> None:
-        if self.current_conv is not None and not self.store.messages(self.current_conv):
-            self.composer.edit.setFocus()
-            return
-        self.open_conversation(self.session.new_conversation())
-        self.composer.edit.setFocus()
-
-    def ask_rename(self, conv_id: int) -> None:
-        conv = self.store.conversation(conv_id)
-        if conv is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
-        if ok and title.strip():
-            self.rename_conversation(conv_id, title.strip())
-
-    def rename_conversation(self, conv_id: int, title: str) -> None:
-        self.store.rename_conversation(conv_id, title)
-        self.refresh_sidebar()
-
-    def delete_conversation(self, conv_id: int) -> None:
-        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
-        conv = self.store.conversation(conv_id)
-        if conv is None:
-            return
-        for st in list(self.session.streams.values()):
-            if st.conv_id == conv_id:
-                self.session.stop()
-        self.store.purge_deleted()
-        self.store.delete_conversation(conv_id)
-        self._last_deleted = conv_id
-        self.sidebar.show_undo(conv.title)
-        if conv_id == self.current_conv:
-            rest = self.store.conversations()
-            self.current_conv = None
-            self.open_conversation(rest[0].id if rest else self.session.new_conversation())
-        else:
-            self.refresh_sidebar()
-
-    def undo_delete(self) -> None:
-        if self._last_deleted is None:
-            return
-        self.store.undelete_conversation(self._last_deleted)
-        cid, self._last_deleted = self._last_deleted, None
-        self.sidebar.hide_undo()
-        self.open_conversation(cid)
-
-    def ask_export(self, conv_id: int, fmt: str) -> None:
-        conv = self.store.conversation(conv_id)
-        if conv is None:
-            return
-        ext = "md" if fmt == "md" else "json"
-        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "chat"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{safe}.{ext}",
-                                              "Markdown (*.md)" if ext == "md" else "JSON (*.json)")
-        if path:
-            self.export_conversation(conv_id, fmt, path)
-
-    def _export_current(self, fmt: str) -> None:
-        if self.current_conv is not None:
-            self.ask_export(self.current_conv, fmt)
-
-    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
-        conv = self.store.conversation(conv_id)
-        msgs = self.store.messages(conv_id)
-        text = to_markdown(conv, msgs) if fmt == "md" else to_json(conv, msgs)
-        out = Path(path)
-        out.write_text(text, encoding="utf-8")
-        self.statusBar().showMessage(f"Exported to {out}", 5000)
-        return out
-
-    def focus_search(self) -> None:
-        self.sidebar.search.setFocus()
-        self.sidebar.search.selectAll()
-
     # -- sending, editing, stopping ----------------------------------------------------------
     def confirm(self, title: str, text: str) -> bool:
         """Ask yes/no (tests replace this)."""
@@ -428,6 +361,7 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
         self._sync_composer()
+        QTimer.singleShot(0, _freeze_heap)
 
     @Slot(str)
     def on_load_failed(self, message: str) -> None:

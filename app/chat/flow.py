@@ -12,7 +12,15 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QGuiApplication, QTextCharFormat, QTextCursor, QTextDocument, QTextOption
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QGuiApplication,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextOption,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -24,9 +32,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat.markdown import Block, draft_spans_in, highlight_html, split_blocks, stable_count, tinted_html
+from app.chat.markdown import (
+    Block,
+    draft_spans_in,
+    highlight_html,
+    split_blocks,
+    stable_count,
+    tinted_html,
+)
 from app.chat.theme import current_colors
-
 
 _MONO = ["Menlo", "DejaVu Sans Mono", "Consolas", "monospace"]
 

@@ -189,6 +189,8 @@ class MessageWidget(QFrame):
             line = (line + " · stopped") if line else "Stopped"
         elif status == "interrupted":
             line = "Interrupted (the app closed while this reply was streaming)"
+        if self.tint and self.role == "assistant" and final:
+            line += " · tinted: text from accepted drafts"
         self.stats_label.setText(line)
         self._streaming = not final
         self.copy_button.setVisible(final)

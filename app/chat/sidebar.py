@@ -64,12 +64,14 @@ class ConversationDelegate(QStyledItemDelegate):
         style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
         pal = option.palette
-        title_color = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text)
+        role = QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
+        title_color = pal.color(role)
         r = option.rect.adjusted(self.PAD + 2, self.PAD, -self.PAD, -self.PAD)
         fm = option.fontMetrics
         painter.save()
         painter.setPen(title_color)
-        title = fm.elidedText(index.data(Qt.ItemDataRole.DisplayRole) or "", Qt.TextElideMode.ElideRight, r.width())
+        title = fm.elidedText(index.data(Qt.ItemDataRole.DisplayRole) or "",
+                              Qt.TextElideMode.ElideRight, r.width())
         painter.drawText(QRect(r.left(), r.top(), r.width(), fm.height()), Qt.AlignmentFlag.AlignLeft, title)
         small = painter.font()
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.88))
