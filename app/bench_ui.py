@@ -189,7 +189,8 @@ def _report(result: dict, *, as_json: bool) -> None:
           f"worst {result['idle_latency_worst_ms']} ms")
     for r in result["runs"]:
         print(f"  run {r['run']}: {r['tokens']} tokens ({r['chars']} chars, {r['status']}) in "
-              f"{r['seconds']} s (process CPU {r['cpu_seconds']} s); event-loop lateness p50 {r['latency_p50_ms']} ms, "
+              f"{r['seconds']} s (process CPU {r['cpu_seconds']} s); event-loop lateness "
+              f"p50 {r['latency_p50_ms']} ms, "
               f"p99 {r['latency_p99_ms']} ms, worst {r['latency_worst_ms']} ms "
               f"({r['probes']} probes); {r['ui_updates']} UI updates, mean "
               f"{r['ui_update_mean_ms']} ms, max {r['ui_update_max_ms']} ms")
