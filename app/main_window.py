@@ -82,6 +82,7 @@ class MainWindow(ConversationActions, QMainWindow):
         self._connect()
         self.aux = AuxWindows(self, self.worker, on_load=self.load_model, on_tune=self.tune_model)
         self.apply_preferences(self.prefs)
+        QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
         self._open_initial_conversation()
         if autoload:
             self.load_model(model_path or self._initial_model())
@@ -430,6 +431,12 @@ class MainWindow(ConversationActions, QMainWindow):
             self._reload_view()
         finally:
             self._restyling = False
+
+    @Slot(Qt.ColorScheme)
+    def on_color_scheme_changed(self, _scheme) -> None:
+        if self.prefs.theme == "system":
+            apply_theme("system")
+            self.restyle()
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().changeEvent(event)

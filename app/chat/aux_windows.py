@@ -10,10 +10,11 @@ crash.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Callable
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.worker import Worker
@@ -32,6 +33,7 @@ class AuxWindows(QObject):
         self.dashboard: QWidget | None = None
         self.models: QWidget | None = None
         self.model_info = None
+        worker.tune_progress.connect(self.on_tune_progress)
 
     def _import(self, module: str, cls: str, what: str):
         try:
@@ -73,8 +75,7 @@ class AuxWindows(QObject):
     def _connect_tuner(self, window: QWidget) -> None:
         """Tuner hooks are optional on either window: connect the ones it has."""
         w = self._worker
-        for sig, slot in ((w.tune_progress, "on_tune_progress"),
-                          (w.tune_finished, "set_tuner_result"),
+        for sig, slot in ((w.tune_finished, "set_tuner_result"),
                           (w.tune_finished, "on_tune_finished"),
                           (w.tune_failed, "on_tune_failed")):
             target = getattr(window, slot, None)
@@ -86,6 +87,22 @@ class AuxWindows(QObject):
         cancel = getattr(window, "tune_cancel_requested", None)
         if cancel is not None:  # a direct call: the worker thread is busy tuning
             cancel.connect(lambda: w.cancel_tune())
+
+    @Slot(int, int, str)
+    def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        """Forward progress as ``(done, total, message)`` to a 3-parameter hook, else as text."""
+        for window in (self.dashboard, self.models):
+            hook = getattr(window, "on_tune_progress", None) if window is not None else None
+            if not callable(hook):
+                continue
+            try:
+                n = len(inspect.signature(hook).parameters)
+            except (TypeError, ValueError):
+                n = 1
+            if n >= 3:
+                hook(done, total, message)
+            else:
+                hook(f"Tuning {done}/{total}: {message}")
 
     def close_all(self) -> None:
         for w in (self.dashboard, self.models):

@@ -78,7 +78,9 @@ def apply_theme(mode: str, app: QApplication | None = None) -> bool:
     if mode == "system":
         if hasattr(hints, "unsetColorScheme"):
             hints.unsetColorScheme()
-        app.setPalette(app.style().standardPalette())
+        # An empty palette overrides nothing: the platform's palette (and its later
+        # light/dark switches) show through.
+        app.setPalette(QPalette())
         return palette_is_dark()
     want_dark = mode == "dark"
     if hasattr(hints, "setColorScheme"):

@@ -432,3 +432,43 @@ def test_view_menu_opens_the_other_windows_or_explains(qtbot, win, monkeypatch):
     if dash is not None:  # app.dashboard exists in this checkout
         assert dash.isVisible()
         dash.close()
+
+
+def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypatch):
+    from engine import tuner
+
+    def fake_tune(model, *, progress, cancel):
+        progress(1, 2, "depth 0")
+        progress(2, 2, "depth 1")
+        return {"best_depth": 1}
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    dash, models = win.aux.show_dashboard(), win.aux.show_models()
+    if dash is None or models is None:
+        pytest.skip("the dashboard or the model manager is not in this checkout")
+    seen = []
+    monkeypatch.setattr(dash, "on_tune_progress", lambda d, t, m: seen.append(("dash", d, t, m)))
+    monkeypatch.setattr(models, "on_tune_progress", lambda obj: seen.append(("models", obj)))
+    models.tune_requested.emit("")
+    qtbot.waitUntil(lambda: len(seen) == 4, timeout=5000)
+    assert ("dash", 2, 2, "depth 1") in seen and ("models", "Tuning 2/2: depth 1") in seen
+    dash.close()
+    models.close()
+
+
+def test_controls_have_accessible_names(qtbot, win):
+    from PySide6.QtWidgets import (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit,
+                                   QListWidget, QPlainTextEdit, QWidget)
+
+    send(qtbot, win, "hello")
+    win.settings_button.click()
+    kinds = (QAbstractButton, QLineEdit, QPlainTextEdit, QComboBox, QListWidget, QAbstractSpinBox)
+    unnamed = []
+    for w in win.findChildren(QWidget):
+        if not isinstance(w, kinds) or not w.isVisibleTo(win):
+            continue
+        if isinstance(w, QLineEdit) and isinstance(w.parent(), (QAbstractSpinBox, QComboBox)):
+            continue  # the editor inside a spin box or combo box carries its parent's name
+        if not (w.accessibleName() or (isinstance(w, QAbstractButton) and w.text())):
+            unnamed.append(f"{type(w).__name__}:{w.objectName()}")
+    assert unnamed == []
