@@ -457,8 +457,15 @@ def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypa
 
 
 def test_controls_have_accessible_names(qtbot, win):
-    from PySide6.QtWidgets import (QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit,
-                                   QListWidget, QPlainTextEdit, QWidget)
+    from PySide6.QtWidgets import (
+        QAbstractButton,
+        QAbstractSpinBox,
+        QComboBox,
+        QLineEdit,
+        QListWidget,
+        QPlainTextEdit,
+        QWidget,
+    )
 
     send(qtbot, win, "hello")
     win.settings_button.click()
