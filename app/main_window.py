@@ -140,6 +140,7 @@ class MainWindow(ConversationActions, QMainWindow):
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         edit_menu = mb.addMenu("&Edit")
         self._action(edit_menu, "&Find Chats", self.focus_search, QKeySequence.StandardKey.Find)
+        self._action(edit_menu, "&Copy Chat as Markdown", self.copy_chat, QKeySequence("Ctrl+Shift+C"))
         self.stop_action = self._action(edit_menu, "&Stop Generating", self.stop, None)
         view = mb.addMenu("&View")
         self.tint_action = self._action(view, "Show &Speculation", self.toggle_tint,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
 from app.chat.export import to_json, to_markdown
@@ -82,6 +83,14 @@ class ConversationActions:
         out.write_text(text, encoding="utf-8")
         self.statusBar().showMessage(f"Exported to {out}", 5000)
         return out
+
+    def copy_chat(self) -> None:
+        """The whole open chat, as Markdown, to the clipboard."""
+        conv = self.store.conversation(self.current_conv) if self.current_conv else None
+        if conv is None:
+            return
+        QGuiApplication.clipboard().setText(to_markdown(conv, self.store.messages(conv.id)))
+        self.statusBar().showMessage("Chat copied as Markdown", 3000)
 
     def focus_search(self) -> None:
         self.sidebar.search.setFocus()

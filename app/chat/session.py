@@ -113,7 +113,9 @@ def format_stats(summary: dict | None) -> str:
         parts.append(f"{summary['tokens_per_s']:.1f} tok/s")
     if summary.get("ttft_s") is not None:
         parts.append(f"TTFT {summary['ttft_s']:.2f} s")
-    parts.append(f"{summary.get('tokens', 0)} tokens")
+    prompt = summary.get("prompt_tokens")
+    out = f"{summary.get('tokens', 0)} tokens"
+    parts.append(f"{out} (prompt {prompt})" if prompt else out)
     if summary.get("cycles"):
         tpc = summary.get("tokens_per_cycle", 0.0)
         apc = summary.get("accepted_per_cycle", 0.0)

@@ -139,8 +139,10 @@ def test_depth_follows_model_capability():
 
 def test_stats_line():
     line = format_stats({"tokens": 120, "tokens_per_s": 41.25, "ttft_s": 0.314, "cycles": 50,
-                         "tokens_per_cycle": 2.4, "accepted_per_cycle": 1.4, "depth": 3})
-    assert line == "41.2 tok/s · TTFT 0.31 s · 120 tokens · 2.40 tok/cycle (1.40 accepted, depth 3)"
+                         "tokens_per_cycle": 2.4, "accepted_per_cycle": 1.4, "depth": 3,
+                         "prompt_tokens": 37})
+    assert line == ("41.2 tok/s · TTFT 0.31 s · 120 tokens (prompt 37) · "
+                    "2.40 tok/cycle (1.40 accepted, depth 3)")
     assert "no speculation" in format_stats({"tokens": 3, "cycles": 3, "depth": 0})
     assert format_stats(None) == ""
 

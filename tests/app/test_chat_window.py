@@ -67,6 +67,9 @@ def test_copy_buttons(qtbot, win):
     code = next(b for b in widget.body.block_widgets() if type(b).__name__ == "CodeBlock")
     code.copy_button.click()
     assert QGuiApplication.clipboard().text().startswith("def fib(n: int)")
+    win.copy_chat()
+    whole = QGuiApplication.clipboard().text()
+    assert whole.startswith("# x\n") and "## User\n\nx" in whole and "def fib" in whole
 
 
 def test_stop_mid_stream_keeps_partial_reply_and_drops_stale_deltas(qtbot, tmp_path):
