@@ -8,7 +8,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
+
+try:  # mlx-lm's compiled single-step op (what its CPU path runs per token)
+    from mlx_lm.models.gated_delta import _gated_delta_step_ops as _step_ops
+except ImportError:  # pragma: no cover - older/newer mlx-lm: fall back to per-step updates
+    _step_ops = None
 
 
 @dataclass
@@ -24,6 +29,35 @@ def lm_head(text_model, h: mx.array) -> mx.array:
     if text_model.args.tie_word_embeddings:
         return text_model.model.embed_tokens.as_linear(h)
     return text_model.lm_head(h)
+
+
+def _recurrence_steps(gdn, q, k, v, a, b, state) -> tuple[list[mx.array], list[mx.array]]:
+    """The gated delta rule one step at a time, keeping every state. On the GPU each step is
+    mlx-lm's kernel; on the CPU gates are computed once and each step is mlx-lm's compiled
+    step op (the same arithmetic plain decoding runs)."""
+    S = q.shape[1]
+    outs, states = [], []
+    if _step_ops is None or mx.default_device() == mx.gpu:
+        for j in range(S):
+            o, state = gated_delta_update(
+                q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], a[:, j:j + 1], b[:, j:j + 1],
+                gdn.A_log, gdn.dt_bias, state, None, use_kernel=True)
+            outs.append(o)
+            states.append(state)
+        return outs, states
+    beta = mx.sigmoid(b)
+    g = compute_g(gdn.A_log, a, gdn.dt_bias)
+    if state is None:
+        B, _, Hv, Dv = v.shape
+        state = mx.zeros((B, Hv, Dv, q.shape[-1]), dtype=mx.float32)
+    rep = v.shape[-2] // q.shape[-2]
+    if rep > 1:
+        q, k = mx.repeat(q, rep, -2), mx.repeat(k, rep, -2)
+    for j in range(S):
+        y, state = _step_ops(q[:, j], k[:, j], v[:, j], g[:, j], beta[:, j], state, None)
+        outs.append(y[:, None])
+        states.append(state)
+    return outs, states
 
 
 def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
@@ -48,14 +82,7 @@ def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=gdn.head_k_dim ** -0.5, eps=1e-6)
-    state = cache[1]
-    outs, states = [], []
-    for j in range(S):
-        o, state = gated_delta_update(
-            q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], a[:, j:j + 1], b[:, j:j + 1],
-            gdn.A_log, gdn.dt_bias, state, None, use_kernel=True)
-        outs.append(o)
-        states.append(state)
+    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1])
     out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
     cache[0], cache[1] = convs[-1], states[-1]
     out = gdn.norm(out, z)

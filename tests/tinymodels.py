@@ -85,13 +85,17 @@ def tiny_text_config(*, moe: bool = False, tied: bool = True, vocab_size: int = 
     return cfg
 
 
+def _normal(rng, shape, scale) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
 def _layer_tensors(rng, cfg: dict, prefix: str, *, linear: bool, moe: bool,
                    per_expert: bool = False) -> dict[str, np.ndarray]:
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
     t: dict[str, np.ndarray] = {}
 
     def lin(name, out_dim, in_dim, gain=1.0):
-        t[f"{prefix}.{name}"] = (rng.standard_normal((out_dim, in_dim)) * gain / np.sqrt(in_dim)).astype(np.float32)
+        t[f"{prefix}.{name}"] = _normal(rng, (out_dim, in_dim), gain / np.sqrt(in_dim))
 
     def znorm(name, dim):  # zero-centred RMSNorm weight: scale = 1 + w
         t[f"{prefix}.{name}"] = (0.1 * rng.standard_normal(dim)).astype(np.float32)
@@ -149,7 +153,7 @@ def tiny_weights(cfg: dict, *, seed: int = 0, with_mtp: bool = True,
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     moe = cfg.get("num_experts", 0) > 0
     w: dict[str, np.ndarray] = {
-        f"{prefix}.embed_tokens.weight": rng.standard_normal((V, H)).astype(np.float32),
+        f"{prefix}.embed_tokens.weight": _normal(rng, (V, H), 1.0),
         f"{prefix}.norm.weight": (0.1 * rng.standard_normal(H)).astype(np.float32),
     }
     for i in range(cfg["num_hidden_layers"]):
@@ -210,3 +214,36 @@ def build_tiny_model(out: str | Path, *, layout: str = "hf", moe: bool = False,
         {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "do_sample": False}))
     save_sharded(out, weights, shards=shards)
     return out
+
+
+QWEN35_08B = dict(vocab_size=248320, hidden=1024, layers=24)
+
+
+def qwen35_08b_text_config() -> dict:
+    """Qwen3.5-0.8B's text shape (MTP_SPEC §1) for random-weight speed measurements."""
+    cfg = tiny_text_config(vocab_size=248320, hidden=1024, layers=24)
+    cfg.update(intermediate_size=3584, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+               linear_num_value_heads=16, linear_num_key_heads=16, linear_key_head_dim=128,
+               linear_value_head_dim=128, max_position_embeddings=32768)
+    cfg["rope_parameters"] = dict(cfg["rope_parameters"], rope_theta=1e7, mrope_section=[11, 11, 10])
+    return cfg
+
+
+def build_qwen35_08b_shaped(out: str | Path, *, seed: int = 0) -> Path:
+    """A random model with Qwen3.5-0.8B's exact shapes in float32 (about 3.4 GB)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out)
+    text = qwen35_08b_text_config()
+    text.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "text_config": text, "tie_word_embeddings": True}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    save_sharded(out, tiny_weights(text, seed=seed, with_mtp=True), shards=4)
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_qwen35_08b_shaped(sys.argv[1]))

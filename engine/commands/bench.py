@@ -60,6 +60,9 @@ def run(args) -> int:
         for lab, r in rows.items():
             acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:4])
             sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
+            share = r.get("time_share")
+            split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} commit {commit:.0%}"
+                     .format(**share)) if share and args.profile else ""
             print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {r.get('tokens_per_cycle', ''):>7} "
-                  f"{r['peak_memory_mib']:8.1f}  {acc}")
+                  f"{r['peak_memory_mib']:8.1f}  {acc}{split}")
     return 0
