@@ -80,6 +80,7 @@ class _Summary:
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
+        self.first_tokens = 0
         self.tokens = 0
         self.cycles = 0
         self.accepted = 0
@@ -96,6 +97,7 @@ class _Summary:
         now = time.perf_counter()
         if n and self.t_first is None:
             self.t_first = now
+            self.first_tokens = n
         if n:
             self.t_last = now
         self.tokens += n
@@ -109,8 +111,9 @@ class _Summary:
         end = time.perf_counter()
         ttft = (self.t_first - self.t0) if self.t_first is not None else None
         decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
-        # tokens after the first one, over the time they took (the first token is TTFT's).
-        tps = (self.tokens - 1) / decode_s if decode_s > 0 and self.tokens > 1 else 0.0
+        # tokens after the first event's, over the time they took (the first is TTFT's).
+        later = self.tokens - self.first_tokens
+        tps = later / decode_s if decode_s > 0 and later > 0 else 0.0
         return {
             "tokens": self.tokens, "prompt_tokens": self.prompt_tokens, "cycles": self.cycles,
             "ttft_s": ttft, "decode_s": decode_s, "elapsed_s": end - self.t0,

@@ -33,6 +33,7 @@ class ThinkCard(QFrame):
         self.toggle.setText("Thinking…")
         self.toggle.setAccessibleName("Show or hide the model's reasoning")
         self.toggle.toggled.connect(self._on_toggled)
+        self.toggle.clicked.connect(self._on_user_click)  # clicked: user actions only
         lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
         self.flow = MarkdownFlow(self, tint=tint)
         self.flow.setAccessibleName("Reasoning")
@@ -44,9 +45,8 @@ class ThinkCard(QFrame):
         self.flow.setVisible(on)
         self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
 
-    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
-        self._user_toggled = True
-        super().mousePressEvent(event)
+    def _on_user_click(self) -> None:
+        self._user_toggled = True  # from now on the card stays as the user left it
 
     def update_think(self, text: str, *, done: bool, seconds: float | None, final: bool,
                      spans: list | None, base: int) -> None:
