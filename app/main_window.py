@@ -284,6 +284,8 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(int, int)
     def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         if conv_id != self.current_conv:
             return
         st = self.session.stream_for_message(msg_id)
@@ -292,6 +294,8 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(int, int, str)
     def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         if conv_id == self.current_conv:
             msg = self.store.message(msg_id)
             if msg is not None:
@@ -350,10 +354,14 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(str)
     def on_loading(self, text: str) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         self.picker.status.setText(text)
 
     @Slot(object)
     def on_loaded(self, info) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         self.session.model_info = info
         self.aux.model_info = info
         self.view.model_name = info.name
@@ -367,6 +375,8 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         self.session.model_info = None
         self.picker.set_failed("Not loaded")
         self.banner.setText(message)
@@ -375,15 +385,21 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(int, int, str)
     def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         self.statusBar().showMessage(f"Tuning {done}/{total}: {message}")
 
     @Slot(object)
     def on_tune_finished(self, result) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         text = getattr(result, "message", None) or str(result)
         self.statusBar().showMessage(f"Tuning finished: {text}", 15000)
 
     @Slot(str)
     def on_tune_failed(self, message: str) -> None:
+        if self._closed:  # queued signals can arrive after shutdown
+            return
         self.statusBar().showMessage(f"Tuning failed: {message}", 15000)
 
     # -- settings and appearance ---------------------------------------------------------------

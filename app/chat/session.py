@@ -150,6 +150,7 @@ class ChatSession(QObject):
         self.defaults = ChatSettings()
         self.streams: dict[int, Stream] = {}
         self.dropped_deltas = 0
+        self.closed = False
         self._timer = QTimer(self)
         self._timer.setInterval(TICK_MS)
         self._timer.timeout.connect(self.on_tick)
@@ -246,7 +247,7 @@ class ChatSession(QObject):
     @Slot(int, str, object, object)
     def on_delta(self, request_id: int, text: str, token_ids: list, from_draft: list) -> None:
         s = self.streams.get(request_id)
-        if s is None or s.stop_requested:
+        if s is None or s.stop_requested or self.closed:
             self.dropped_deltas += 1
             return
         s.add_delta(text, len(token_ids), from_draft)
@@ -279,7 +280,7 @@ class ChatSession(QObject):
 
     @Slot(int, str, dict)
     def on_finished(self, request_id: int, reason: str, summary: dict) -> None:
-        s = self.streams.pop(request_id, None)
+        s = None if self.closed else self.streams.pop(request_id, None)
         if s is None:
             return
         if not s.stop_requested:
@@ -291,7 +292,7 @@ class ChatSession(QObject):
 
     @Slot(int, str)
     def on_failed(self, request_id: int, message: str) -> None:
-        s = self.streams.pop(request_id, None)
+        s = None if self.closed else self.streams.pop(request_id, None)
         if s is None:
             return
         s.apply_pending()
@@ -308,7 +309,9 @@ class ChatSession(QObject):
             self._timer.stop()
 
     def shutdown(self) -> None:
-        """Save every stream as it stands (called before the worker is stopped)."""
+        """Save every stream as it stands (called before the worker is stopped); later
+        worker signals (already queued) are ignored."""
+        self.closed = True
         for s in list(self.streams.values()):
             s.apply_pending()
             s.meta["status"] = "interrupted"

@@ -482,3 +482,17 @@ def test_controls_have_accessible_names(qtbot, win):
         if not (w.accessibleName() or (isinstance(w, QAbstractButton) and w.text())):
             unnamed.append(f"{type(w).__name__}:{w.objectName()}")
     assert unnamed == []
+
+
+def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
+    """Quitting while the model loads: its 'loaded' arrives after the database is closed."""
+    from app.fake_engine import make_fake_loader
+    from app.main_window import MainWindow
+
+    (tmp_path / "m").mkdir()
+    w = MainWindow(model_path=str(tmp_path / "m"), db_file=tmp_path / "db",
+                   loader=make_fake_loader(FakeModel(), delay=0.3))
+    qtbot.addWidget(w)
+    w.close()  # waits for the load, whose signals are then still queued
+    qtbot.wait(100)  # deliver them: nothing may touch the closed store
+    assert w.session.closed
