@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
@@ -111,7 +111,11 @@ class CodeBlock(QFrame):
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.code)
         self.copy_button.setText("Copied")
+        QTimer.singleShot(1500, self._reset_copy_label)
         self.copied.emit(self.code)
+
+    def _reset_copy_label(self) -> None:
+        self.copy_button.setText("Copy")
 
     def set_code(self, code: str, lang: str, *, final: bool, tint: list | None = None) -> None:
         self.code, self.lang = code, lang
@@ -120,6 +124,7 @@ class CodeBlock(QFrame):
         if tint is not None:
             body = tinted_html(code, tint, current_colors().draft_tint)
             self.view.setHtml(f"<pre style='margin:0;'>{body}</pre>")
+            self._rendered_lines = -1
         elif final:
             self.view.setHtml(highlight_html(code, lang, dark=dark))
             self._rendered_lines = -2
