@@ -12,6 +12,10 @@ def _acc_rows(acc: dict) -> str:
     return f"{cells} | {tpc}"
 
 
+def _losses(values: dict) -> str:
+    return ", ".join(f"{v:.3f}" for v in values.values()) or "-"
+
+
 def _command(cfg: dict, out: str) -> str:
     cmd = f"python -m engine train-demo --out {out}"
     if cfg["seed"]:
@@ -89,12 +93,13 @@ Deterministic given the seed and the thread count (single process, torch {summar
 CPU). {summary['train_seconds'] / 60:.1f} minutes on this machine (2 shared CPU cores).
 
 1. Joint phase, {cfg['joint_steps']} steps of {cfg['batch_size']} x {cfg['seq_len']} tokens,
-   AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)).
+   AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)),
+   both on assistant tokens only (the user's questions are context, not targets).
    Final: loss {summary['joint_final'].get('loss')}, MTP loss {summary['joint_final'].get('mtp_loss')}.
 2. MTP phase, {cfg['mtp_steps']} steps, trunk frozen: every step s = 1..{cfg['depth']} of every
    draft chain (step s >= 2 fed the head's own hidden after `mtp.norm` and the next token) is
    distilled towards the trunk's own next-token distribution (soft cross-entropy, weights
-   {list(cfg['depth_weights'])}). Final: {summary['mtp_final']}.
+   {list(cfg['depth_weights'])}). Final soft cross-entropy by step: {_losses(summary['mtp_final'])}.
 
 Greedy acceptance on held-out prompts was measured after each phase and the better head kept:
 **{summary['chosen_head']}**.

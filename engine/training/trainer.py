@@ -43,9 +43,9 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 320
-    mtp_steps: int = 70
-    lr: float = 2e-3
+    joint_steps: int = 600
+    mtp_steps: int = 130
+    lr: float = 3e-3
     mtp_lr: float = 1e-3
     warmup: int = 30
     weight_decay: float = 0.05
@@ -86,16 +86,49 @@ def _lr_at(step: int, total: int, base: float, warmup: int) -> float:
 
 
 class _Batches:
-    """Random windows of the token stream, from a seeded generator (deterministic)."""
+    """Random windows of the token stream and its loss mask, from a seeded generator."""
 
-    def __init__(self, stream: torch.Tensor, seq_len: int, batch: int, seed: int):
-        self.stream, self.seq_len, self.batch = stream, seq_len, batch
+    def __init__(self, stream: torch.Tensor, mask: torch.Tensor, seq_len: int, batch: int,
+                 seed: int):
+        self.stream, self.mask, self.seq_len, self.batch = stream, mask, seq_len, batch
         self.gen = torch.Generator().manual_seed(seed)
 
-    def next(self) -> torch.Tensor:
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         hi = len(self.stream) - self.seq_len
-        starts = torch.randint(0, hi, (self.batch,), generator=self.gen)
-        return torch.stack([self.stream[s:s + self.seq_len] for s in starts.tolist()])
+        starts = torch.randint(0, hi, (self.batch,), generator=self.gen).tolist()
+        return (torch.stack([self.stream[s:s + self.seq_len] for s in starts]),
+                torch.stack([self.mask[s:s + self.seq_len] for s in starts]))
+
+
+def assistant_mask(ids: list[int], tok) -> list[float]:
+    """1.0 for tokens of assistant turns (the role line excluded, ``<|im_end|>`` included)."""
+    start, end = tok.token_to_id(tokenizer.IM_START), tok.token_to_id(tokenizer.IM_END)
+    mask = [0.0] * len(ids)
+    inside = False
+    i = 0
+    while i < len(ids):
+        if ids[i] == start:
+            j = i + 1
+            while j < len(ids) and "\n" not in tok.decode(ids[i + 1:j + 1]):
+                j += 1
+            inside = tok.decode(ids[i + 1:j + 1]).strip() == "assistant"
+            i = j + 1
+            continue
+        if inside:
+            mask[i] = 1.0
+            inside = ids[i] != end
+        i += 1
+    return mask
+
+
+def _masked_ce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy averaged over the positions where ``mask`` is 1 (hard or soft targets)."""
+    vocab = logits.shape[-1]
+    soft = target.dim() == logits.dim()
+    tgt = target.reshape(-1, vocab) if soft else target.reshape(-1)
+    per = F.cross_entropy(logits.reshape(-1, vocab), tgt, reduction="none")
+    m = mask.reshape(-1)
+    return (per * m).sum() / m.sum().clamp_min(1.0)
 
 
 class _Progress:
@@ -121,16 +154,15 @@ def _joint_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _P
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95))
     model.train()
-    vocab = model.config.vocab_size
     last = {}
     for step in range(cfg.joint_steps):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg.joint_steps, cfg.lr, cfg.warmup)
-        ids = batches.next()
+        ids, mask = batches.next()
         hidden, logits = model.trunk_forward(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1))
+        loss = _masked_ce(logits[:, :-1], ids[:, 1:], mask[:, 1:])
         mtp_logits = model.mtp_chains(hidden, ids, 1)[0]
-        mtp_loss = F.cross_entropy(mtp_logits[:, :-1].reshape(-1, vocab), ids[:, 2:].reshape(-1))
+        mtp_loss = _masked_ce(mtp_logits[:, :-1], ids[:, 2:], mask[:, 2:])
         opt.zero_grad(set_to_none=True)
         (loss + cfg.mtp_weight * mtp_loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -143,17 +175,19 @@ def _joint_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _P
     return last
 
 
-def _distill_loss(model: DemoModel, ids: torch.Tensor, cfg: TrainConfig) -> list[torch.Tensor]:
+def _distill_loss(model: DemoModel, batch: tuple[torch.Tensor, torch.Tensor],
+                  cfg: TrainConfig) -> list[torch.Tensor]:
+    ids, mask = batch
     with torch.no_grad():
         hidden, logits = model.trunk_forward(ids)
         target = logits.softmax(-1)
     chains = model.mtp_chains(hidden, ids, cfg.depth)
-    vocab = model.config.vocab_size
+    mask = F.pad(mask, (0, 1))  # the last row's data token lies past the window
     losses = []
     for s, chain in enumerate(chains, start=1):
         # Row t of step s drafts x_{t+s+1}: the trunk's distribution at position t+s.
-        tgt = target[:, s:s + chain.shape[1]]
-        losses.append(F.cross_entropy(chain.reshape(-1, vocab), tgt.reshape(-1, vocab)))
+        n = chain.shape[1]
+        losses.append(_masked_ce(chain, target[:, s:s + n], mask[:, s + 1:s + 1 + n]))
     return losses
 
 
@@ -204,14 +238,16 @@ def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
     ids = tokenizer.token_ids(tok)
     stream: list[int] = []
+    mask: list[float] = []
     for enc in tok.encode_batch(texts):
         stream += enc.ids + [ids[tokenizer.ENDOFTEXT]]
+        mask += assistant_mask(enc.ids, tok) + [0.0]
     (out_dir / "heldout_prompts.json").write_text(
         json.dumps(data.heldout_prompts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     report({"event": "data", "chats": len(data.train_chats), "train_items": data.n_train_items,
             "heldout_items": data.n_heldout_items, "heldout_modules": data.heldout_modules,
             "tokens": len(stream), "tokenizer_vocab": tok.get_vocab_size()})
-    return tok, ids, torch.tensor(stream, dtype=torch.long), data
+    return tok, ids, torch.tensor(stream, dtype=torch.long), torch.tensor(mask), data
 
 
 def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
@@ -220,13 +256,13 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok, ids, stream, data = prepare(cfg, out_dir, report)
+    tok, ids, stream, mask, data = prepare(cfg, out_dir, report)
     vocab = 64 * math.ceil(tok.get_vocab_size() / 64)
     model = build_model(cfg.size, vocab_size=vocab, eos_token_id=ids[tokenizer.IM_END],
                         pad_token_id=ids[tokenizer.ENDOFTEXT], seed=cfg.seed)
     params = count_parameters(model)
     report({"event": "model", "vocab_size": vocab, **params})
-    batches = _Batches(stream, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
+    batches = _Batches(stream, mask, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
     prog = _Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
     eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
     prompts = _prompt_ids(tok, data.heldout_prompts)

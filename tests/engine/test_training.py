@@ -135,6 +135,22 @@ def test_tokenizer_loads_with_transformers(tiny_run):
     assert "<|im_start|>assistant\nIt dumps.<|im_end|>\n" in rendered  # history drops think
 
 
+def test_assistant_mask_covers_answers_only(tiny_run):
+    from tokenizers import Tokenizer
+
+    out, _, _ = tiny_run
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What does `a.b` do?"},
+            {"role": "assistant", "content": "It does X."},
+            {"role": "user", "content": "assistant?"},
+            {"role": "assistant", "content": "Y\nZ."}]
+    ids = tok.encode(tk.render_chat(msgs)).ids
+    mask = trainer.assistant_mask(ids, tok)
+    kept = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert kept == "It does X.<|im_end|><think>\n\n</think>\n\nY\nZ.<|im_end|>"
+
+
 def test_reference_logits_roundtrip(random_export):
     out, model = random_export
     ids = [1, 50, 60, 70, 80, 2, 90, 100, 33, 7]
