@@ -30,7 +30,7 @@ PYTHONS = ("3.11", "3.12")
 TOP = [
     "mlx==0.32.4", "mlx-metal==0.32.4", "mlx-lm==0.32.2", "transformers==5.24.0",
     "tokenizers==0.23.3", "safetensors==0.8.0", "jinja2==3.1.6", "numpy==2.4.6",
-    "PySide6-Essentials==6.12.0", "PySide6-Addons==6.12.0", "shiboken6==6.12.0",
+    "PySide6-Essentials==6.11.3", "PySide6-Addons==6.11.3", "shiboken6==6.11.3",
     "huggingface-hub==2.4.0", "platformdirs==4.14.8", "psutil==7.2.2",
     "pyinstaller==6.22.3", "pyinstaller-hooks-contrib==2026.9",
 ]
