@@ -32,6 +32,18 @@ def load_prompt_sets(model, path: str | None) -> dict[str, list[str]]:
     return DEFAULT_PROMPTS
 
 
+def mixed_prompt_sets(model, path: str | None, *, per_class: int = 6) -> dict[str, list[str]]:
+    """In-domain (the model's held-out prompts) and out-of-domain prompts, each as a class,
+    plus a "mixed" class alternating them (the workload where an adaptive depth should win)."""
+    from engine.resources import resources_dir
+
+    inside = next(iter(load_prompt_sets(model, path).values()))[:per_class]
+    extra = json.loads((resources_dir() / "bench_prompts.json").read_text(encoding="utf-8"))
+    outside = extra["out-of-domain"][:per_class]
+    mixed = [p for pair in zip(inside, outside) for p in pair]
+    return {"in-domain": inside, "out-of-domain": outside, "mixed": mixed}
+
+
 @dataclass
 class Cell:
     tps: list[float] = field(default_factory=list)

@@ -18,6 +18,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", default=None, help="JSON file: [prompts] or {class: [prompts]}")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--mixed", action="store_true",
+                   help="in-domain (held-out) and out-of-domain classes, plus both alternating")
+    p.add_argument("--per-class", type=int, default=6, help="prompts per class with --mixed")
     p.add_argument("--replay", action="store_true",
                    help="draft with a replay of the depth-0 output (best-case ceiling per depth)")
     p.add_argument("--profile", action="store_true",
@@ -29,7 +32,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from engine import SamplingParams, default_model_path, load
-    from engine.bench import load_prompt_sets, run_bench
+    from engine.bench import load_prompt_sets, mixed_prompt_sets, run_bench
     from engine.commands.generate import parse_depth
     from engine.sysinfo import system_info
 
@@ -37,7 +40,12 @@ def run(args) -> int:
     depths = [parse_depth(d.strip()) for d in args.depths.split(",") if d.strip()]
     if 0 not in depths:
         depths.insert(0, 0)
-    prompts = {"prompts": args.prompt} if args.prompt else load_prompt_sets(model, args.prompts)
+    if args.prompt:
+        prompts = {"prompts": args.prompt}
+    elif args.mixed:
+        prompts = mixed_prompt_sets(model, args.prompts, per_class=args.per_class)
+    else:
+        prompts = load_prompt_sets(model, args.prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
     result = run_bench(model, prompts=prompts, depths=depths, max_tokens=args.max_tokens,

@@ -92,5 +92,7 @@ def test_speculative_samples_follow_plain_distribution(small_vocab_model, params
             counts[toks[1] * V + toks[2]] += 1
         p = chi_square_p(counts, expected)
         assert p > 0.001, (depth, p)
-        if depth > 0:
-            assert accepted > 0  # the acceptance path was exercised, not only corrections
+        if params.top_p == 1.0:
+            # the acceptance path was exercised, not only corrections (with top-p 0.8 the
+            # random MTP head's kept tokens may never overlap the target's)
+            assert accepted > 0
