@@ -222,23 +222,32 @@ class _Loop:
             y = nxt
 
     def run_speculative(self, x0: int, depth, drafter) -> Iterator[Event]:
-        controller = None
-        if depth == "auto":
-            controller = _controller(self.model, drafter)
-        while True:
-            if self._cancelled():
-                yield self._cancel_event()
-                return
+        """Cycles overlap with the consumer: the next cycle's draft is launched before the
+        current event is handed out; a cancel in between undoes that draft."""
+        from engine.spec import abandon, complete, launch
+
+        controller = _controller(self.model, drafter) if depth == "auto" else None
+
+        def next_launch(x: int):
             k, reason = controller.choose() if controller else (depth, "fixed")
             k = max(0, min(int(k), self.budget - len(self.generated) - 1))
-            ev, x0 = self._cycle(x0, k, reason, drafter)
+            return launch(self, x, k, reason, drafter)
+
+        if self._cancelled():
+            yield self._cancel_event()
+            return
+        lc = next_launch(x0)
+        while True:
+            if lc is None or self._cancelled():
+                if lc is not None:
+                    abandon(self, lc)
+                yield self._cancel_event()
+                return
+            ev, x0 = complete(self, lc)
             if controller is not None:
                 controller.observe(ev.stats)
-            yield ev
             if ev.finish_reason is not None:
+                yield ev
                 return
-
-    def _cycle(self, x0: int, k: int, depth_reason: str, drafter) -> tuple[Event, int]:
-        from engine.spec import run_cycle
-
-        return run_cycle(self, x0, k, depth_reason, drafter)
+            lc = None if self._cancelled() else next_launch(x0)
+            yield ev

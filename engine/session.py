@@ -175,6 +175,12 @@ class Session:
                 out = self.model.mtp(out, embed(drafts[-1].reshape(1, 1)), self.mtp_cache)
         return mx.stack(drafts), (mx.stack(qs) if qs else None)
 
+    def undo_draft(self, k: int) -> None:
+        """Forget a draft_mtp(x0, k) whose cycle will not run: drop its k MTP rows (the
+        step-1 pair's x0 was never fed). The pending pairs it flushed stay committed."""
+        trim_attention(self.mtp_cache, k)
+        self.mtp_rows -= 1
+
     def verify(self, x0: int, drafts: mx.array | None) -> Verified:
         tm = self.model.text_model
         inp = mx.array([x0], dtype=mx.int32)

@@ -128,6 +128,16 @@ def test_cancel_stops_within_a_cycle_and_model_stays_usable(tiny_model):
         reasons.append(ev.finish_reason)
     assert reasons[-1] == "cancelled"
     assert seen == 4
+    # the state kept after a cancel (a draft was in flight) resumes exactly
+    snap = tiny_model.prompt_cache.snapshots[-1]
+    # MTP invariant: one row per committed pair; the abandoned draft's rows are gone
+    assert snap.mtp_rows + len(snap.pending_tok) == len(snap.fed) - 1
+    assert snap.mtp_state[0][3] == snap.mtp_rows
+    follow = list(snap.fed) + [11, 12]
+    resumed = list(tiny_model.generate(follow, max_tokens=12, depth=2))
+    assert resumed[0].prefill.reused_tokens == len(snap.fed)
+    fresh = run(tiny_model, follow, depth=0, max_tokens=12)
+    assert [t for e in resumed for t in e.token_ids] == fresh.token_ids
     assert run(tiny_model, p, depth=2).token_ids == run(tiny_model, p, depth=0).token_ids
 
 
