@@ -9,6 +9,9 @@ from app.paths import log_file
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 qt_log = logging.getLogger("qt")
+# Messages the offscreen/minimal platform plugins print for every window; not problems.
+_BENIGN = ("This plugin does not support propagateSizeHints",
+           "This plugin does not support raise", "This plugin does not support grabbing")
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -41,6 +44,9 @@ def install_qt_message_handler() -> None:
     }
 
     def handler(mode, context, message):  # noqa: ANN001
-        qt_log.log(levels.get(mode, logging.WARNING), "%s", message)
+        level = levels.get(mode, logging.WARNING)
+        if any(s in message for s in _BENIGN):
+            level = logging.DEBUG
+        qt_log.log(level, "%s", message)
 
     qInstallMessageHandler(handler)
