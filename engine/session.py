@@ -8,6 +8,8 @@ committed pair (h_t, x_{t+1}) built from trunk hiddens, except the pairs still `
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -16,6 +18,14 @@ from engine import sampling
 from engine.trunk import commit_captures, forward_hidden, lm_head, trim_attention
 
 PREFILL_CHUNK = 512
+# How drafts are drawn at temperature > 0 (any choice is exact: acceptance uses the q drawn
+# from). "filtered": the target's own filters; "softmax": temperature only, no sort;
+# "argmax": the MTP head's top token (q one-hot), cheapest.
+DRAFT_MODE = os.environ.get("MTPCHAT_DRAFT_MODE", "filtered")
+
+
+def _UNFILTERED(params):
+    return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
 
 
 @dataclass
@@ -164,10 +174,11 @@ class Session:
             if counts is not None:
                 row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
                 row_counts = row_counts[None]
-            if params.greedy:
+            if params.greedy or DRAFT_MODE == "argmax":
                 d = sampling.argmax_tokens(logits, params, row_counts)
             else:
-                q = sampling.build_probs(logits, params, row_counts)
+                qp = params if DRAFT_MODE == "filtered" else _UNFILTERED(params)
+                q = sampling.build_probs(logits, qp, row_counts)
                 qs.append(q[0])
                 d = sampling.sample(q, keys[j])
             drafts.append(d.reshape(()).astype(mx.int32))
