@@ -83,6 +83,8 @@ def _signature(obj) -> str:
         sig = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return ""
+    # Default values that print their address (sentinels) differ per process: drop the address.
+    sig = re.sub(r" at 0x[0-9a-fA-F]+", "", sig)
     return sig if len(sig) <= MAX_SIGNATURE else ""
 
 

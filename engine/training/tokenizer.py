@@ -76,22 +76,31 @@ def render_chat(messages: list[dict], *, add_generation_prompt: bool = False,
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int):
-    """A byte-level BPE trained on ``texts`` (deterministic for the same input)."""
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    """A byte-level BPE trained on ``texts``; the same texts give the same tokenizer.
+
+    Merges come from :mod:`engine.training.bpe` (``tokenizers``' own trainer breaks ties in a
+    per-process random order); the runtime pieces are ``tokenizers``' own.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
-    tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+    from engine.training.bpe import train_bpe
+
+    normalizer = normalizers.NFC()
+    pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+    specials = [t for t, _ in ADDED_TOKENS]
+    vocab, merges = train_bpe(texts, vocab_size=vocab_size,
+                              alphabet=pre_tokenizers.ByteLevel.alphabet(), specials=specials,
+                              normalizer=normalizer, pre_tokenizer=pre_tokenizer)
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
+                        byte_fallback=False))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=[t for t, _ in ADDED_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
 

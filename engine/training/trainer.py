@@ -43,8 +43,8 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 600
-    mtp_steps: int = 130
+    joint_steps: int = 800
+    mtp_steps: int = 200
     lr: float = 3e-3
     mtp_lr: float = 1e-3
     warmup: int = 30
