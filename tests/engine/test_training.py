@@ -231,13 +231,21 @@ def test_draft_chains_match_incremental_decoding(random_export):
                 g = mtp.norm(y)
 
 
-def test_training_is_deterministic(tmp_path):
-    hashes = []
-    for run in ("a", "b"):
-        cfg = trainer.config_for(tiny=True, steps=3, seed=5)
-        trainer.train_demo(tmp_path / run, cfg, lambda ev: None)
-        hashes.append(hashlib.sha256((tmp_path / run / "model.safetensors").read_bytes()).digest())
-    assert hashes[0] == hashes[1]
+def test_training_is_deterministic_across_processes(tmp_path):
+    """Same seed -> byte-identical tokenizer and weights, in this process and in a fresh one."""
+    import subprocess
+    import sys
+
+    cfg = trainer.config_for(tiny=True, steps=3, seed=5)
+    trainer.train_demo(tmp_path / "a", cfg, lambda ev: None)
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "engine", "train-demo", "--tiny", "--steps", "3",
+                    "--seed", "5", "--out", str(tmp_path / "b")], cwd=root, check=True,
+                   capture_output=True)
+    for name in ("model.safetensors", "tokenizer.json", "heldout_prompts.json"):
+        digests = [hashlib.sha256((tmp_path / run / name).read_bytes()).digest()
+                   for run in ("a", "b")]
+        assert digests[0] == digests[1], name
 
 
 def _engine_or_skip():
