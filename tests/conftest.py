@@ -12,3 +12,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MTPCHAT_HOME", tempfile.mkdtemp(prefix="mtpchat-test-home-"))
 
 import engine  # noqa: E402,F401  - loads OpenBLAS before any test module imports mlx
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def repos(tmp_path_factory):
+    """The fake Hub's tiny model repos (tests/fakehub.py), built once."""
+    from tests.fakehub import tiny_repos
+
+    return tiny_repos(tmp_path_factory.mktemp("repos"))
+
+
+@pytest.fixture
+def fake(repos, monkeypatch, tmp_path):
+    """A running fake Hub, huggingface_hub pointed at it, no token anywhere, a fresh home."""
+    from tests.fakehub import FakeHub, point_hf_at
+
+    with FakeHub(repos) as h:
+        point_hf_at(h, monkeypatch, tmp_path)
+        yield h

@@ -18,18 +18,6 @@ GiB = 2**30
 SHARD1 = "model-00001-of-00002.safetensors"
 
 
-@pytest.fixture(scope="module")
-def repos(tmp_path_factory):
-    return tiny_repos(tmp_path_factory.mktemp("repos"))
-
-
-@pytest.fixture
-def fake(repos, monkeypatch, tmp_path):
-    with FakeHub(repos) as h:
-        point_hf_at(h, monkeypatch, tmp_path)
-        yield h
-
-
 @pytest.fixture
 def make_window(qtbot, tmp_path):
     made = []

@@ -16,19 +16,6 @@ SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
 
 
-@pytest.fixture(scope="module")
-def repos(tmp_path_factory):
-    return tiny_repos(tmp_path_factory.mktemp("repos"))
-
-
-@pytest.fixture
-def fake(repos, monkeypatch, tmp_path):
-    """A running fake Hub, huggingface_hub pointed at it, no token anywhere, a fresh home."""
-    with FakeHub(repos) as h:
-        point_hf_at(h, monkeypatch, tmp_path)
-        yield h
-
-
 @pytest.fixture
 def store(tmp_path):
     return Store(tmp_path / "models")

@@ -8,18 +8,6 @@ from engine.inspect import inspect_local, inspect_repo
 from tests.fakehub import VALID_TOKEN, FakeHub, point_hf_at, tiny_repos
 
 
-@pytest.fixture(scope="module")
-def repos(tmp_path_factory):
-    return tiny_repos(tmp_path_factory.mktemp("repos"))
-
-
-@pytest.fixture
-def fake(repos, monkeypatch, tmp_path):
-    with FakeHub(repos) as h:
-        point_hf_at(h, monkeypatch, tmp_path)
-        yield h
-
-
 def _weights_fetched(fake, repo_id: str, repos) -> int:
     return sum(n for p, n in fake.served_for(repo_id).items() if p.endswith(".safetensors"))
 
