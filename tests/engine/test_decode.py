@@ -187,3 +187,21 @@ def test_chunked_prefill_matches_single_pass(tiny_model, monkeypatch):
     monkeypatch.setattr(sess, "PREFILL_CHUNK", 7)
     out = run(tiny_model, p, depth=2, max_tokens=12)
     assert out.token_ids == ref.token_ids
+
+
+def test_memory_does_not_grow_across_cycles(tiny_model):
+    """Captured GDN states are released every cycle: active memory stays flat apart from the
+    attention KV growth (a few KiB per token on the tiny model)."""
+    p = prompts(1, seed=14)[0]
+    m = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp, tokenizer=tiny_model.tokenizer,
+                     info=dataclasses.replace(tiny_model.info, eos_token_ids=()))
+    mx.clear_cache()
+    samples = []
+    for ev in m.generate(p, max_tokens=300, depth=3):
+        if ev.stats is not None:
+            samples.append((ev.stats.context_tokens, mx.get_active_memory()))
+    assert len(samples) > 50
+    (c0, m0), (c1, m1) = samples[10], samples[-1]
+    kv_bytes_per_token = 2 * 2 * 16 * 4 * 2  # K+V, kv heads, head_dim, fp32, attention layers(+MTP)
+    allowance = (c1 - c0) * kv_bytes_per_token * 4 + 512 * 1024  # slab growth + slack
+    assert m1 - m0 < allowance, (m0, m1, c0, c1)
