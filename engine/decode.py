@@ -100,8 +100,8 @@ def generate(model, prompt_ids: list[int], *, max_tokens: int, depth, sampling: 
     model.prompt_cache.snapshots.append(session.snapshot())
     prefill = PrefillStats(prompt_tokens=len(prompt_ids), reused_tokens=reused,
                            seconds=time.perf_counter() - t_start)
-    stream = StreamingText(model.tokenizer, stop_strings)
     eos = set(model.info.eos_token_ids)
+    stream = StreamingText(model.tokenizer, stop_strings, skip_ids=eos)
     state = _Loop(model=model, session=session, params=params, key=key, counts=counts,
                   stream=stream, eos=eos, budget=budget, cancel=cancel, profile=profile)
     first = state.emit_first(x0, prefill)
@@ -161,7 +161,7 @@ class _Loop:
         return tokens, None
 
     def _text(self, tokens: list[int], reason: str | None) -> tuple[str, str | None]:
-        text = self.stream.add([t for t in tokens if t not in self.eos])
+        text = self.stream.add(tokens)
         if self.stream.stopped:
             return text, "stop"
         if reason is not None:

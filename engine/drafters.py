@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import mlx.core as mx
-
 
 class Drafter(Protocol):
     uses_mtp: bool
@@ -34,7 +32,3 @@ class ReplayDrafter:
             return [generated[-1]] * k if generated else [0] * k
         out = self.continuation[n:n + k]
         return out + [out[-1] if out else 0] * (k - len(out))
-
-
-def as_array(tokens: list[int]) -> mx.array:
-    return mx.array(tokens, dtype=mx.int32)

@@ -93,7 +93,7 @@ def complete(loop, lc: Launched) -> tuple[Event, int]:
     if prof:
         t_verify, t_accept = t2 - t1, t4 - t2
     else:
-        t_verify, t_accept = t4 - t3, t3 - t2 + (t2 - t1)
+        t_verify, t_accept = t4 - t3, t3 - t1
     stats = CycleStats(
         index=loop.cycle, depth=k, drafted=tuple(dl), accepted=n, emitted=tuple(tokens),
         from_draft=tuple(i < n for i in range(len(tokens))), extra_kind=extra,

@@ -8,7 +8,9 @@ HELP = "benchmark decode speed: mlx-lm's own generation, depth 0 and each MTP de
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=None, help="model folder (default: the embedded demo model)")
+    from engine.commands.generate import add_model_arguments
+
+    add_model_arguments(p)
     p.add_argument("--depths", default="0,1,2,3", help="comma-separated depths (0..6, auto)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -26,7 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", action="store_true",
                    help="synchronise after each phase to measure the cycle's time split")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's own generation")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -7,8 +7,14 @@ import sys
 HELP = "generate text with plain (depth 0) or MTP speculative decoding"
 
 
-def add_arguments(p) -> None:
+def add_model_arguments(p) -> None:
+    """--model and --dtype, shared by the verbs that load a model."""
     p.add_argument("--model", default=None, help="model folder (default: the embedded demo model)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids")
@@ -26,7 +32,6 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
 
 
 def parse_depth(s: str):
