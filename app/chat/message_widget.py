@@ -170,6 +170,8 @@ class MessageWidget(QFrame):
                 self._lay.insertWidget(1, self.think)
             self.think.update_think(parts.think, done=parts.think_done, seconds=meta.get("think_s"),
                                     final=final, spans=spans, base=parts.think_offset)
+            # An empty, finished block (Qwen's "thinking off" form) is not worth a card.
+            self.think.setVisible(bool(parts.think.strip()) or not parts.think_done)
         self.body.set_text(parts.answer, final=final, spans=spans, base=parts.answer_offset)
         self.body.setVisible(bool(parts.answer) or parts.think is None)
         self._update_footer(meta, final=final)

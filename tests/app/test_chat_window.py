@@ -224,6 +224,15 @@ def test_think_card(qtbot, win, fake):
     assert "<think>" not in win.view.widgets[reply.id].body.block_widgets()[0].text()
 
 
+def test_empty_think_block_shows_no_card(qtbot, win, fake):
+    # Qwen's "thinking off" form: the reply opens with an empty, closed think block.
+    fake.script = "<think>\n\n</think>\n\nStraight to the answer."
+    send(qtbot, win, "no thinking")
+    widget = win.view.widgets[_assistant(win)[0].id]
+    assert widget.think is None or not widget.think.isVisibleTo(widget)
+    assert "Straight to the answer." in widget.body.block_widgets()[0].text()
+
+
 def test_persistence_across_a_restart(qtbot, tmp_path, fake):
     w1 = make_window(qtbot, tmp_path, fake)
     send(qtbot, w1, "remember me")
