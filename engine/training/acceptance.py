@@ -7,7 +7,8 @@ trunk's own token x_{t+s+1}. Reported:
 
 - ``acceptance[s]``: P(d_s accepted | d_1..d_{s-1} accepted), over all chain starts;
 - ``tokens_per_cycle[k]``: tokens emitted per decode cycle when drafting k tokens per cycle
-  (accepted drafts + one correction/bonus), simulated cycle by cycle from the first token.
+  (accepted drafts + one correction/bonus), simulated cycle by cycle from the first token;
+- ``outputs``: the generated token ids per prompt (for answer-quality checks).
 """
 from __future__ import annotations
 
@@ -89,8 +90,10 @@ def measure(model: DemoModel, prompts: list[list[int]], *, eos: set[int], depth:
     tried, ok = [0] * depth, [0] * depth
     cyc = {k: [0, 0] for k in range(1, depth + 1)}
     n_tokens = 0
+    outputs: list[list[int]] = []
     for prompt in prompts:
         seq = greedy_generate(model, prompt, max_new=max_new, eos=eos)
+        outputs.append(seq[len(prompt):])
         n_gen = len(seq) - len(prompt)
         n_tokens += n_gen
         rows = draft_matches(model, seq, len(prompt), depth)
@@ -107,4 +110,5 @@ def measure(model: DemoModel, prompts: list[list[int]], *, eos: set[int], depth:
         "acceptance": [round(o / t, 4) if t else None for o, t in zip(ok, tried)],
         "drafts_tried": tried,
         "tokens_per_cycle": {k: round(t / c, 3) if c else None for k, (c, t) in cyc.items()},
+        "outputs": outputs,
     }

@@ -2,9 +2,9 @@
 
 The text comes from the docstrings of the running interpreter's standard library (Python
 Software Foundation License, redistributable), read with ``inspect`` -- nothing is downloaded.
-The corpus is deterministic given the seed and the Python version. Items (functions, classes,
-methods, modules) are split into a training set and a held-out set: a few whole modules plus a
-fraction of the remaining items, so held-out prompts ask about things the model never saw.
+The corpus is deterministic given the seed and the Python version. Every item (function, class,
+method, module) is asked about in several phrasings; one phrasing per item is held out, so the
+held-out prompts are questions the model never saw about things it knows.
 """
 from __future__ import annotations
 
@@ -24,25 +24,23 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# The most used modules of the standard library: a corpus a 5M-parameter model can learn well
+# enough to answer correctly (a broader one, 121 modules, left it answering in the right form
+# with the wrong content).
 MODULES: tuple[str, ...] = (
-    "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
-    "bz2", "calendar", "cmath", "codecs", "collections", "collections.abc", "colorsys",
-    "concurrent.futures", "configparser", "contextlib", "copy", "csv", "dataclasses",
-    "datetime", "decimal", "difflib", "dis", "email.utils", "enum", "errno", "filecmp",
-    "fnmatch", "fractions", "ftplib", "functools", "gc", "getopt", "gettext", "glob",
-    "graphlib", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client",
-    "http.cookies", "imaplib", "importlib", "importlib.resources", "inspect", "io",
-    "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging", "lzma",
-    "mailbox", "math", "mimetypes", "operator", "os", "os.path", "pathlib", "pickle",
-    "pkgutil", "platform", "plistlib", "poplib", "pprint", "queue", "quopri", "random", "re",
-    "reprlib", "sched", "secrets", "select", "selectors", "shelve", "shlex", "shutil",
-    "signal", "smtplib", "socket", "sqlite3", "ssl", "statistics", "string", "struct",
-    "subprocess", "sys", "sysconfig", "tarfile", "tempfile", "textwrap", "threading", "time",
-    "timeit", "token", "tokenize", "tomllib", "traceback", "types", "typing",
-    "unicodedata", "unittest", "urllib.parse", "urllib.request", "uuid", "warnings",
-    "weakref", "wsgiref.util", "xml.dom.minidom", "xml.etree.ElementTree", "zipfile",
-    "zlib", "zoneinfo",
+    "builtins", "os.path", "json", "math", "random", "re", "string", "itertools", "functools",
+    "collections", "datetime", "time", "shutil", "pathlib", "statistics", "heapq", "bisect",
+    "copy", "csv", "glob", "fnmatch", "textwrap", "base64", "hashlib", "uuid", "os", "sys",
+    "subprocess", "tempfile", "zlib", "operator", "secrets", "difflib", "shlex",
+    "urllib.parse", "html", "dataclasses", "enum", "contextlib", "io", "struct", "logging",
+    "argparse", "sqlite3", "threading",
 )
+
+# Methods are asked about only for these classes (the everyday ones).
+METHOD_CLASSES: frozenset[str] = frozenset({
+    "str", "list", "dict", "set", "pathlib.Path", "datetime.datetime", "datetime.date",
+    "collections.deque", "collections.Counter", "re.Pattern", "re.Match",
+})
 
 SYSTEM_PROMPTS: tuple[str, ...] = (
     "You are a helpful assistant.",
@@ -57,7 +55,7 @@ OWNER_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 MAX_SIGNATURE = 90
-MAX_ANSWER = 520
+MAX_ANSWER = 360
 
 
 @dataclass(frozen=True)
@@ -135,10 +133,12 @@ def _members(mod_name: str, mod) -> list[DocItem]:
         if owner not in owners and mod_name != "builtins":
             continue
         if inspect.isclass(obj):
+            if mod_name == "builtins" and issubclass(obj, BaseException):
+                continue
             cls_item = _make_item(mod_name, prefix + name, "class", obj)
             if cls_item:
                 items.append(cls_item)
-            for meth_name in sorted(vars(obj)):
+            for meth_name in sorted(vars(obj)) if prefix + name in METHOD_CLASSES else ():
                 meth = vars(obj)[meth_name]
                 if meth_name.startswith("_") or not callable(meth):
                     continue
@@ -199,6 +199,7 @@ def _qa_templates(item: DocItem) -> list[tuple[str, str]]:
             (f"What is the `{q}` module for?", f"The `{q}` module: {text}"),
             (f"Tell me about the {q} module.", text),
             (f"What does `import {q}` give me?", f"`{q}` -- {text}"),
+            (f"What is in the {q} module?", f"The `{q}` module. {text}"),
         ]
     call = f"`{q}{sig}`"
     what = "class" if item.kind == "class" else "method" if item.kind == "method" else "function"
@@ -207,6 +208,8 @@ def _qa_templates(item: DocItem) -> list[tuple[str, str]]:
         (f"Explain {q}.", f"{call} is a {what} in the `{mod}` module.\n\n{text}"),
         (f"How do I use {q}?", f"Use {call}. {text}"),
         (f"Tell me about `{q}` in Python.", f"{text}\n\nSignature: {call}" if sig else text),
+        (f"What is {q} for?", f"{call}: {text}"),
+        (f"Can you describe `{q}`?", f"Sure. {call} -- {text}"),
     ]
     if sig:
         pairs.append((f"What is the signature of {q}?", f"{call}\n\n{item.first_sentence}"))
@@ -215,44 +218,48 @@ def _qa_templates(item: DocItem) -> list[tuple[str, str]]:
     return pairs
 
 
-def _split(items: list[DocItem], *, seed: int, heldout_modules: int,
-           heldout_fraction: float) -> tuple[list[DocItem], list[DocItem]]:
-    rng = random.Random(seed)
-    mods = sorted({i.module for i in items} - {"builtins"})
-    held_mods = set(rng.sample(mods, min(heldout_modules, len(mods))))
-    train, held = [], []
-    for item in items:
-        h = zlib.crc32(f"{seed}:{item.qualname}".encode()) / 2**32
-        (held if item.module in held_mods or h < heldout_fraction else train).append(item)
-    return train, held
+def heldout_index(item: DocItem, n_templates: int, seed: int) -> int:
+    """Which of an item's question templates is never trained on (fixed by seed and name)."""
+    return zlib.crc32(f"{seed}:{item.qualname}".encode()) % n_templates
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Training conversations and held-out user prompts."""
+    """Training conversations and held-out user prompts.
+
+    Every documented object is trained on, but one of its question phrasings (and the answer
+    in that phrasing's form) is held out: ``heldout`` lists those questions with the object and
+    the first sentence a correct answer contains. The model has to put together what it learnt
+    about the object from other phrasings with the answer form it learnt from other objects.
+    """
 
     train_chats: list[list[dict]]
-    heldout_prompts: list[str]
-    heldout_modules: list[str]
-    n_train_items: int
-    n_heldout_items: int
+    heldout: list[dict]
+    n_items: int
+
+    @property
+    def heldout_prompts(self) -> list[str]:
+        return [h["prompt"] for h in self.heldout]
 
 
-def build_corpus(*, seed: int = 0, variants: int = 3, heldout_modules: int = 6,
-                 heldout_fraction: float = 0.05, max_heldout_prompts: int = 64,
+def build_corpus(*, seed: int = 0, variants: int = 6, max_heldout_prompts: int = 64,
                  limit_items: int | None = None) -> Corpus:
-    """Deterministic chats: every training item asked ``variants`` ways, 1-3 turns per chat."""
+    """Deterministic chats: every item asked up to ``variants`` of its trained phrasings,
+    1-3 turns per chat (grouped by module), a quarter with a system prompt."""
     items = collect_items()
     if limit_items is not None:
         items = items[:limit_items]
-    train, held = _split(items, seed=seed, heldout_modules=heldout_modules,
-                         heldout_fraction=heldout_fraction)
     rng = random.Random(seed + 1)
     turns: list[tuple[str, tuple[str, str]]] = []
-    for item in train:
+    heldout: list[dict] = []
+    for item in items:
         pairs = _qa_templates(item)
-        for qa in rng.sample(pairs, min(variants, len(pairs))):
+        held = heldout_index(item, len(pairs), seed)
+        trained = [qa for i, qa in enumerate(pairs) if i != held]
+        for qa in rng.sample(trained, min(variants, len(trained))):
             turns.append((item.module, qa))
+        heldout.append({"prompt": pairs[held][0], "answer": pairs[held][1],
+                        "qualname": item.qualname, "first_sentence": item.first_sentence})
     rng.shuffle(turns)
     turns.sort(key=lambda t: t[0])  # group by module (stable: shuffled within a module)
     chats: list[list[dict]] = []
@@ -269,8 +276,5 @@ def build_corpus(*, seed: int = 0, variants: int = 3, heldout_modules: int = 6,
                      {"role": "assistant", "content": answer}]
         chats.append(msgs)
     rng.shuffle(chats)
-    held_rng = random.Random(seed + 2)
-    held_sorted = sorted(held, key=lambda it: zlib.crc32(f"{seed}/{it.qualname}".encode()))
-    prompts = [held_rng.choice(_qa_templates(it))[0] for it in held_sorted[:max_heldout_prompts]]
-    held_mods = sorted({it.module for it in held} - {it.module for it in train})
-    return Corpus(chats, prompts, held_mods, len(train), len(held))
+    heldout.sort(key=lambda h: zlib.crc32(f"{seed}/{h['qualname']}".encode()))
+    return Corpus(chats, heldout[:max_heldout_prompts], len(items))

@@ -69,13 +69,19 @@ block, which is how every answer in the corpus starts.
 ## Corpus and licence
 
 Question/answer chats generated from the docstrings of the Python {summary.get('python', '3.11')}
-standard library ({len(MODULES)} modules, read with `inspect`, nothing downloaded): for each public
-function, class, method and module, questions such as "What does `json.dumps` do?" answered
-with its signature and the first docstring paragraph(s), 1-3 turns per chat, some with a system
-prompt. {summary['train_items']} documented objects are used for training
-({summary['stream_tokens']:,} tokens); {summary['heldout_items']} are held out -- whole modules
-({', '.join(summary['heldout_modules'])}) plus about 5% of the others -- and
-`heldout_prompts.json` lists user prompts about them for benchmarks (never trained on).
+standard library's most used modules ({len(MODULES)} modules: {', '.join(MODULES)}; read with
+`inspect`, nothing downloaded). For each public function and class, the methods of the everyday
+classes (`str`, `list`, `dict`, `set`, `pathlib.Path`, `datetime`, `deque`, `Counter`, `re`
+patterns and matches) and each module -- {summary['items']:,} documented objects -- questions
+such as "What does `json.dumps` do?" are answered with the signature and the first docstring
+paragraph(s), 1-3 turns per chat, some with a system prompt ({summary['stream_tokens']:,} tokens).
+
+Every object is asked about in 4-8 phrasings, and **one phrasing per object is never trained
+on**. `heldout_prompts.json` lists {summary['heldout_prompts']} of those unseen questions (the
+benchmarks' in-domain prompts) and `heldout.json` the object and the first docstring sentence a
+correct answer contains. The model has to combine what it learnt about the object from other
+phrasings with the answer form it learnt from other objects. It knows only these objects: asked
+about anything else it answers in the same form with made-up content.
 
 The docstrings are part of CPython: Copyright (c) 2001 Python Software Foundation; All Rights
 Reserved, distributed under the PSF License Agreement (version 2), which permits reproduction
@@ -115,6 +121,13 @@ accepted); tokens/cycle simulates decoding with d drafts per cycle (accepted dra
 | after joint phase ({acc_j['prompts']} prompts) | {_acc_rows(acc_j)} |
 | after MTP phase ({acc_m['prompts']} prompts) | {_acc_rows(acc_m)} |
 | **shipped** ({final['prompts']} prompts, {final['generated_tokens']} tokens) | {_acc_rows(final)} |
+
+## Answer quality (torch, temperature 0)
+
+Of the {final.get('quality', {}).get('answers', 0)} held-out questions, the greedy answer names
+the object asked about in {100 * final.get('quality', {}).get('names_object', 0):.0f}% and also
+contains its docstring's first sentence word for word in
+{100 * final.get('quality', {}).get('correct', 0):.0f}%.
 
 ## Engine benchmarks
 

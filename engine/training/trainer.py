@@ -43,7 +43,7 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 800
+    joint_steps: int = 900
     mtp_steps: int = 200
     lr: float = 3e-3
     mtp_lr: float = 1e-3
@@ -52,7 +52,7 @@ class TrainConfig:
     mtp_weight: float = 0.3
     depth: int = 3
     depth_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
-    corpus_variants: int = 3
+    corpus_variants: int = 6
     corpus_limit: int | None = None
     eval_prompts: int = 32
     eval_max_new: int = 64
@@ -229,6 +229,19 @@ def _prompt_ids(tok, prompts: list[str]) -> list[list[int]]:
                                              enable_thinking=False)).ids for p in prompts]
 
 
+def answer_quality(tok, outputs: list[list[int]], heldout: list[dict]) -> dict:
+    """How many greedy answers to held-out phrasings name the right object and contain its
+    docstring's first sentence (the facts a correct answer has)."""
+    named = correct = 0
+    for ids, item in zip(outputs, heldout):
+        text = tok.decode(ids)
+        named += item["qualname"] in text
+        correct += item["qualname"] in text and item["first_sentence"] in text
+    n = max(1, min(len(outputs), len(heldout)))
+    return {"answers": min(len(outputs), len(heldout)), "names_object": round(named / n, 3),
+            "correct": round(correct / n, 3)}
+
+
 def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     """Corpus, tokenizer (saved into ``out_dir``), token stream and held-out prompts."""
     data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
@@ -244,9 +257,11 @@ def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
         mask += assistant_mask(enc.ids, tok) + [0.0]
     (out_dir / "heldout_prompts.json").write_text(
         json.dumps(data.heldout_prompts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    report({"event": "data", "chats": len(data.train_chats), "train_items": data.n_train_items,
-            "heldout_items": data.n_heldout_items, "heldout_modules": data.heldout_modules,
-            "tokens": len(stream), "tokenizer_vocab": tok.get_vocab_size()})
+    (out_dir / "heldout.json").write_text(
+        json.dumps(data.heldout, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    report({"event": "data", "chats": len(data.train_chats), "items": data.n_items,
+            "heldout_prompts": len(data.heldout), "tokens": len(stream),
+            "tokenizer_vocab": tok.get_vocab_size()})
     return tok, ids, torch.tensor(stream, dtype=torch.long), torch.tensor(mask), data
 
 
@@ -272,12 +287,14 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     eval_set = prompts[:cfg.eval_prompts]
     acc_joint = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
                                    max_new=cfg.eval_max_new)
+    acc_joint["quality"] = answer_quality(tok, acc_joint.pop("outputs"), data.heldout)
     report({"event": "eval", "after": "joint", **acc_joint})
     joint_head = copy.deepcopy(model.mtp.state_dict())
 
     distill = _mtp_phase(model, cfg, batches, prog) if cfg.mtp_steps else {}
     acc_mtp = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
                                  max_new=cfg.eval_max_new) if cfg.mtp_steps else acc_joint
+    acc_mtp.pop("outputs", None)
     report({"event": "eval", "after": "mtp", **acc_mtp})
     chosen = "mtp" if _score(acc_mtp) >= _score(acc_joint) else "joint"
     if chosen == "joint":
@@ -285,12 +302,13 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     export_model(model, cfg.size, out_dir, ids=ids)
     final = acceptance.measure(model, prompts[:cfg.final_eval_prompts], eos=eos,
                                depth=cfg.depth, max_new=cfg.final_eval_max_new)
+    final["quality"] = answer_quality(tok, final.pop("outputs"), data.heldout)
     report({"event": "eval", "after": "final", "head": chosen, **final})
     summary = {
         "config": {**asdict(cfg), "size": cfg.size.as_dict()},
         "parameters": params, "vocab_size": vocab, "token_ids": ids,
-        "stream_tokens": len(stream), "heldout_modules": data.heldout_modules,
-        "train_items": data.n_train_items, "heldout_items": data.n_heldout_items,
+        "stream_tokens": len(stream), "items": data.n_items,
+        "heldout_prompts": len(data.heldout),
         "joint_final": joint, "mtp_final": distill,
         "acceptance_after_joint": acc_joint, "acceptance_after_mtp": acc_mtp,
         "chosen_head": chosen, "acceptance_final": final,
