@@ -121,7 +121,9 @@ class _Summary:
             "tokens_per_cycle": self.tokens / self.cycles if self.cycles else 0.0,
             "accepted_per_cycle": self.accepted / self.cycles if self.cycles else 0.0,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            "depth": self.depths[-1] if self.depths else 0,
+            # Depths of the cycles that drafted (depth "auto" mixes them; 0 = none did).
+            "depth": max(self.depths, default=0),
+            "depth_min": min((d for d in self.depths if d > 0), default=0),
         }
 
 

@@ -119,9 +119,11 @@ def format_stats(summary: dict | None) -> str:
     if summary.get("cycles"):
         tpc = summary.get("tokens_per_cycle", 0.0)
         apc = summary.get("accepted_per_cycle", 0.0)
-        depth = summary.get("depth", 0)
+        depth = summary.get("depth", 0)  # the deepest draft of the reply
+        low = summary.get("depth_min") or depth
         if depth:
-            parts.append(f"{tpc:.2f} tok/cycle ({apc:.2f} accepted, depth {depth})")
+            depths = f"depth {depth}" if low == depth else f"depths {low}–{depth}"
+            parts.append(f"{tpc:.2f} tok/cycle ({apc:.2f} accepted, {depths})")
         else:
             parts.append("no speculation")
     return " · ".join(parts)

@@ -144,6 +144,9 @@ def test_stats_line():
     assert line == ("41.2 tok/s · TTFT 0.31 s · 120 tokens (prompt 37) · "
                     "2.40 tok/cycle (1.40 accepted, depth 3)")
     assert "no speculation" in format_stats({"tokens": 3, "cycles": 3, "depth": 0})
+    auto = format_stats({"tokens": 50, "cycles": 20, "tokens_per_cycle": 2.5,
+                         "accepted_per_cycle": 1.5, "depth": 3, "depth_min": 1})
+    assert auto.endswith("2.50 tok/cycle (1.50 accepted, depths 1–3)")
     assert format_stats(None) == ""
 
 
