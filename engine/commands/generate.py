@@ -22,7 +22,9 @@ def add_arguments(p) -> None:
     p.add_argument("--system", default=None, help="system prompt (with --chat)")
     p.add_argument("--no-think", action="store_true", help="disable thinking where the template supports it")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--depth", default="0", help="0..6 or auto")
+    p.add_argument("--depth", default="auto",
+                   help="drafts per cycle, 0..6, or auto (default: chosen per cycle; 0 = plain "
+                        "decoding, also what auto does on a model without an MTP head)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -55,6 +57,49 @@ def prompt_ids(model, args) -> list[int]:
     return list(model.tokenizer.encode(args.prompt, add_special_tokens=False))
 
 
+class EmptyThinkFilter:
+    """Drops a leading empty ``<think></think>`` block from streamed text (what Qwen-style
+    templates produce with thinking off, or a model that chose not to think); a block with
+    content, or text without one, passes through unchanged."""
+
+    _OPEN, _CLOSE = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self.buf: str | None = ""  # None once decided
+
+    def feed(self, text: str) -> str:
+        if self.buf is None:
+            return text
+        self.buf += text
+        head = self.buf.lstrip()
+        if not head:
+            return ""
+        if not head.startswith(self._OPEN):
+            return self._release(self.buf) if not self._OPEN.startswith(head) else ""
+        inner = head[len(self._OPEN):].lstrip()
+        if not inner:
+            return ""
+        if not inner.startswith(self._CLOSE):
+            return self._release(self.buf) if not self._CLOSE.startswith(inner) else ""
+        rest = inner[len(self._CLOSE):].lstrip()
+        return self._release(rest) if rest else ""
+
+    def flush(self) -> str:
+        """End of stream: whatever is still held back (an empty block alone yields "")."""
+        if self.buf is None:
+            return ""
+        head = self.buf.strip()
+        if head.startswith(self._OPEN) and head[len(self._OPEN):].strip() == self._CLOSE:
+            head = ""
+        out = head and self.buf
+        self.buf = None
+        return out
+
+    def _release(self, text: str) -> str:
+        self.buf = None
+        return text
+
+
 def run(args) -> int:
     from engine import SamplingParams, default_model_path, load
     from engine.runstats import RunSummary
@@ -64,13 +109,16 @@ def run(args) -> int:
                               min_p=args.min_p, presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty)
     summary = RunSummary()
+    shown = EmptyThinkFilter() if args.chat else None
     for ev in model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
                              depth=parse_depth(args.depth), sampling=sampling, seed=args.seed,
                              stop_strings=tuple(args.stop)):
         summary.add(ev)
         if not args.json:
-            sys.stdout.write(ev.text)
+            sys.stdout.write(shown.feed(ev.text) if shown else ev.text)
             sys.stdout.flush()
+    if shown and not args.json:
+        sys.stdout.write(shown.flush())
     if args.json:
         print(json.dumps(summary.to_dict(trace=args.trace)))
     else:
