@@ -43,8 +43,8 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 900
-    mtp_steps: int = 200
+    joint_steps: int = 1500
+    mtp_steps: int = 250
     lr: float = 3e-3
     mtp_lr: float = 1e-3
     warmup: int = 30
