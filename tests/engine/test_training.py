@@ -328,4 +328,5 @@ def test_shipped_model_answers_unseen_phrasings_correctly():
         text = "".join(ev.text for ev in model.generate(ids, max_tokens=96, depth="auto",
                                                          sampling=greedy))
         correct += item["qualname"] in text and item["first_sentence"] in text
-    assert correct >= 0.5 * len(heldout), f"{correct}/{len(heldout)} correct answers"
+    # 15 of these 16 when shipped (80% over all 64 held-out questions, README); 12 = margin
+    assert correct >= 12, f"{correct}/{len(heldout)} correct answers"
