@@ -59,6 +59,22 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?",
+                 "Explain str.split.")
+
+
+def _examples_for(info) -> tuple[str, list[str]]:
+    """The empty conversation's hint: the embedded demo model says what it knows."""
+    try:
+        demo = Path(info.path).resolve() == Path(default_model_path()).resolve()
+    except (OSError, TypeError):
+        demo = False
+    if not demo:
+        return "", []
+    return ("The demo model knows the docstrings of 45 everyday Python standard-library modules "
+            "and little else. Try:", list(DEMO_EXAMPLES))
+
+
 class MainWindow(ConversationActions, QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
@@ -190,6 +206,7 @@ class MainWindow(ConversationActions, QMainWindow):
         self.composer.stop_requested.connect(self.stop)
         self.view.edit_requested.connect(self.begin_edit)
         self.view.regenerate_requested.connect(self.regenerate)
+        self.view.example_requested.connect(self.on_send)
         self.picker.load_requested.connect(self.load_model)
         self.settings_panel.settings_changed.connect(self.on_chat_settings_changed)
         self.settings_panel.reset_requested.connect(self.reset_chat_settings)
@@ -341,6 +358,7 @@ class MainWindow(ConversationActions, QMainWindow):
         if self.session.busy:
             self.session.stop()
         self.session.model_info = None
+        self.view.set_examples("", [])
         self.picker.set_loading(path, f"Loading {Path(path).name}…")
         self.banner.hide()
         self._sync_composer()
@@ -365,6 +383,7 @@ class MainWindow(ConversationActions, QMainWindow):
         self.session.model_info = info
         self.aux.model_info = info
         self.view.model_name = info.name
+        self.view.set_examples(*_examples_for(info))
         self.picker.set_loaded(info)
         self.settings_panel.form.set_model_info(info)
         self.store.set_setting("last_model", info.path)
@@ -378,6 +397,7 @@ class MainWindow(ConversationActions, QMainWindow):
         if self._closed:  # queued signals can arrive after shutdown
             return
         self.session.model_info = None
+        self.view.set_examples("", [])
         self.picker.set_failed("Not loaded")
         self.banner.setText(message)
         self.banner.show()

@@ -7,7 +7,8 @@ once per ``show_conversation``; a streaming reply is updated in place through
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy,
+                               QVBoxLayout, QWidget)
 
 from app.chat.message_widget import MessageWidget
 from app.db import Message
@@ -18,6 +19,7 @@ MAX_COLUMN_WIDTH = 860
 class ConversationView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    example_requested = Signal(str)  # an example prompt of the empty state was clicked
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -40,9 +42,19 @@ class ConversationView(QScrollArea):
         self._col = QVBoxLayout(self.column)
         self._col.setContentsMargins(0, 0, 0, 0)
         self._col.setSpacing(14)
-        self.empty_label = QLabel("Send a message to start the conversation.", self.column)
-        self.empty_label.setObjectName("muted")
-        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        # The empty state: a hint, and for models that come with them, example prompts.
+        self.empty_label = QWidget(self.column)
+        empty = QVBoxLayout(self.empty_label)
+        empty.setContentsMargins(0, 0, 0, 0)
+        self.empty_text = QLabel("Send a message to start the conversation.", self.empty_label)
+        self.empty_text.setObjectName("muted")
+        self.empty_text.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_text.setWordWrap(True)
+        empty.addWidget(self.empty_text)
+        self._examples = QVBoxLayout()
+        self._examples.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        empty.addLayout(self._examples)
+        self.example_buttons: list[QPushButton] = []
         self._col.addWidget(self.empty_label)
         self._col.addStretch(1)
         outer.addStretch(0)
@@ -52,6 +64,22 @@ class ConversationView(QScrollArea):
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_scrolled)
+
+    def set_examples(self, intro: str, prompts: list[str]) -> None:
+        """What an empty conversation shows: ``intro`` above clickable ``prompts`` (none: the
+        plain hint)."""
+        for b in self.example_buttons:
+            self._examples.removeWidget(b)
+            b.deleteLater()
+        self.example_buttons = []
+        self.empty_text.setText(intro or "Send a message to start the conversation.")
+        for prompt in prompts:
+            b = QPushButton(prompt, self.empty_label)
+            b.setCursor(Qt.CursorShape.PointingHandCursor)
+            b.setToolTip("Send this message")
+            b.clicked.connect(lambda _=False, p=prompt: self.example_requested.emit(p))
+            self._examples.addWidget(b)
+            self.example_buttons.append(b)
 
     def _on_scrolled(self, value: int) -> None:
         bar = self.verticalScrollBar()

@@ -505,3 +505,23 @@ def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
     w.close()  # waits for the load, whose signals are then still queued
     qtbot.wait(100)  # deliver them: nothing may touch the closed store
     assert w.session.closed
+
+
+def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
+    from types import SimpleNamespace
+
+    from app.main_window import DEMO_EXAMPLES, _examples_for
+    from app.paths import default_model_path
+
+    assert win.view.example_buttons == []  # the (fake) loaded model is not the demo
+    assert _examples_for(SimpleNamespace(path=str(tmp_path))) == ("", [])
+    intro, prompts = _examples_for(SimpleNamespace(path=str(default_model_path())))
+    assert "standard-library" in intro and prompts == list(DEMO_EXAMPLES)
+    win.view.set_examples(intro, prompts)
+    assert [b.text() for b in win.view.example_buttons] == list(DEMO_EXAMPLES)
+    assert win.view.empty_label.isVisibleTo(win.view)
+    win.view.example_buttons[0].click()  # sends it, like typing it and pressing Send
+    qtbot.waitUntil(lambda: not win.session.streams, timeout=10000)
+    users = [m.content for m in win.store.messages(win.current_conv) if m.role == "user"]
+    assert users == [DEMO_EXAMPLES[0]]
+    assert not win.view.empty_label.isVisibleTo(win.view)
