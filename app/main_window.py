@@ -71,7 +71,7 @@ def _examples_for(info) -> tuple[str, list[str]]:
         demo = False
     if not demo:
         return "", []
-    return ("The demo model knows the docstrings of 45 everyday Python standard-library modules "
+    return ("The demo model knows the docstrings of everyday Python standard-library modules "
             "and little else. Try:", list(DEMO_EXAMPLES))
 
 

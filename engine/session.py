@@ -24,7 +24,7 @@ PREFILL_CHUNK = 512
 DRAFT_MODE = os.environ.get("MTPCHAT_DRAFT_MODE", "filtered")
 
 
-def _UNFILTERED(params):
+def _unfiltered(params):
     return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
 
 
@@ -177,7 +177,7 @@ class Session:
             if params.greedy or DRAFT_MODE == "argmax":
                 d = sampling.argmax_tokens(logits, params, row_counts)
             else:
-                qp = params if DRAFT_MODE == "filtered" else _UNFILTERED(params)
+                qp = params if DRAFT_MODE == "filtered" else _unfiltered(params)
                 q = sampling.build_probs(logits, qp, row_counts)
                 qs.append(q[0])
                 d = sampling.sample(q, keys[j])

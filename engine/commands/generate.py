@@ -86,14 +86,10 @@ class EmptyThinkFilter:
 
     def flush(self) -> str:
         """End of stream: whatever is still held back (an empty block alone yields "")."""
-        if self.buf is None:
-            return ""
-        head = self.buf.strip()
-        if head.startswith(self._OPEN) and head[len(self._OPEN):].strip() == self._CLOSE:
-            head = ""
-        out = head and self.buf
-        self.buf = None
-        return out
+        text, self.buf = self.buf or "", None
+        head = text.strip()
+        empty_block = head.startswith(self._OPEN) and head[len(self._OPEN):].strip() == self._CLOSE
+        return "" if empty_block or not head else text
 
     def _release(self, text: str) -> str:
         self.buf = None

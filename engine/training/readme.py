@@ -30,6 +30,7 @@ def render(summary: dict, *, out: str, weights_bytes: int) -> str:
     ids = summary["token_ids"]
     acc_j, acc_m, final = (summary["acceptance_after_joint"], summary["acceptance_after_mtp"],
                            summary["acceptance_final"])
+    quality = final.get("quality", {})
     depth = len(final["acceptance"])
     head = " | ".join(f"a{s}" for s in range(1, depth + 1))
     tpc_head = " | ".join(f"tok/cycle d={k}" for k in range(1, depth + 1))
@@ -124,10 +125,10 @@ accepted); tokens/cycle simulates decoding with d drafts per cycle (accepted dra
 
 ## Answer quality (torch, temperature 0)
 
-Of the {final.get('quality', {}).get('answers', 0)} held-out questions, the greedy answer names
-the object asked about in {100 * final.get('quality', {}).get('names_object', 0):.0f}% and also
+Of the {quality.get('answers', 0)} held-out questions, the greedy answer names
+the object asked about in {100 * quality.get('names_object', 0):.0f}% and also
 contains its docstring's first sentence word for word in
-{100 * final.get('quality', {}).get('correct', 0):.0f}%.
+{100 * quality.get('correct', 0):.0f}%.
 
 ## Engine benchmarks
 

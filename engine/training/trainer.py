@@ -233,12 +233,13 @@ def answer_quality(tok, outputs: list[list[int]], heldout: list[dict]) -> dict:
     """How many greedy answers to held-out phrasings name the right object and contain its
     docstring's first sentence (the facts a correct answer has)."""
     named = correct = 0
-    for ids, item in zip(outputs, heldout):
+    pairs = list(zip(outputs, heldout))
+    for ids, item in pairs:
         text = tok.decode(ids)
         named += item["qualname"] in text
         correct += item["qualname"] in text and item["first_sentence"] in text
-    n = max(1, min(len(outputs), len(heldout)))
-    return {"answers": min(len(outputs), len(heldout)), "names_object": round(named / n, 3),
+    n = max(1, len(pairs))
+    return {"answers": len(pairs), "names_object": round(named / n, 3),
             "correct": round(correct / n, 3)}
 
 
