@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled"]
+
+MAX_DEPTH = 6  # the deepest draft any cycle makes (the one place this number lives)
 Depth = int | Literal["auto"]
 
 
