@@ -54,17 +54,20 @@ class PositionStats:
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """Seconds spent in each phase of a cycle; ``other`` = total minus the four phases."""
+    """Seconds spent in each phase of a cycle; ``sync`` is the wait on the cycle's host
+    synchronisation (work of every phase finishing there, unless profiled); ``other`` = total
+    minus the named parts."""
 
     draft: float = 0.0
     verify: float = 0.0
     accept: float = 0.0
     commit: float = 0.0
     other: float = 0.0
+    sync: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.draft + self.verify + self.accept + self.commit + self.other
+        return self.draft + self.verify + self.accept + self.commit + self.sync + self.other
 
 
 @dataclass(frozen=True)

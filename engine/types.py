@@ -75,6 +75,7 @@ class CycleStats:
     t_verify: float = 0.0
     t_accept: float = 0.0
     t_commit: float = 0.0
+    t_sync: float = 0.0  # waiting on the cycle's host synchronisation (0 when profiled)
     t_total: float = 0.0
     context_tokens: int = 0
     host_syncs: int = 1
