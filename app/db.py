@@ -11,6 +11,8 @@ thread only.
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 def _run_script(db: sqlite3.Connection, script: str) -> None:
@@ -78,17 +81,38 @@ class Message:
 
 
 class ChatStore:
-    """CRUD over conversations and messages. Every write commits immediately."""
+    """CRUD over conversations and messages. Every write commits immediately.
 
-    def __init__(self, path: str | Path) -> None:
+    ``ChatStore(path)`` raises on a file it cannot use; ``open_chat_store`` is the forgiving
+    entry point the app uses. A store made with ``ChatStore.in_memory(copy_of=...)`` keeps
+    working (reads and writes) but saves nothing: ``persistent`` is False.
+    """
+
+    def __init__(self, path: str | Path, *, connection: sqlite3.Connection | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None)
+        self.persistent = connection is None
+        if connection is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(str(self.path), isolation_level=None)
+        self._db = connection
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._refuse_newer()  # before anything writes (WAL mode rewrites the header)
+        if self.persistent:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._migrate()
+
+    @classmethod
+    def in_memory(cls, path: str | Path, *, copy_of: sqlite3.Connection | None = None) -> "ChatStore":
+        """A store in memory (nothing is saved), optionally starting as a copy of ``copy_of``."""
+        mem = sqlite3.connect(":memory:", isolation_level=None)
+        if copy_of is not None:
+            copy_of.backup(mem)
+        return cls(path, connection=mem)
+
+    def integrity_ok(self) -> bool:
+        return self._db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
 
     def close(self) -> None:
         self._db.close()
@@ -97,12 +121,16 @@ class ChatStore:
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    def _migrate(self) -> None:
+    def _refuse_newer(self) -> None:
         version = self.schema_version
         if version > SCHEMA_VERSION:
+            self._db.close()
             raise SchemaTooNewError(
                 f"{self.path} uses schema {version}; this MTP Chat understands up to "
                 f"{SCHEMA_VERSION}. Update the app (your chats were left untouched).")
+
+    def _migrate(self) -> None:
+        version = self.schema_version
         for v in range(version, SCHEMA_VERSION):
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -203,7 +231,7 @@ class ChatStore:
         rows = self._db.execute("SELECT id, meta FROM messages WHERE meta LIKE '%streaming%'")
         n = 0
         for row in rows.fetchall():
-            meta = json.loads(row["meta"])
+            meta = _json_dict(row["meta"], f"message {row['id']} meta")
             if meta.get("status") == "streaming":
                 meta["status"] = "interrupted"
                 self.update_message(row["id"], meta=meta)
@@ -213,7 +241,13 @@ class ChatStore:
     # -- app settings ----------------------------------------------------------------------
     def get_setting(self, key: str, default=None):
         row = self._db.execute("SELECT value FROM app_settings WHERE key=?", (key,)).fetchone()
-        return json.loads(row["value"]) if row else default
+        if row is None:
+            return default
+        try:
+            return json.loads(row["value"])
+        except (TypeError, ValueError):
+            log.warning("ignoring the unreadable app setting %r", key)
+            return default
 
     def set_setting(self, key: str, value) -> None:
         self._db.execute("INSERT INTO app_settings (key, value) VALUES (?, ?) "
@@ -225,12 +259,137 @@ def _escape_like(s: str) -> str:
     return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def _json_dict(text, what: str) -> dict:
+    """A stored JSON object, or {} when the value is not one (logged; the row stays as is)."""
+    try:
+        value = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        log.warning("ignoring unreadable %s: %.80r", what, text)
+        return {}
+    return value
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
 def _conv(row: sqlite3.Row) -> Conversation:
-    return Conversation(id=row["id"], title=row["title"], created_at=row["created_at"],
-                        updated_at=row["updated_at"], settings=json.loads(row["settings"] or "{}"))
+    return Conversation(id=row["id"], title=_text(row["title"]) or "Untitled",
+                        created_at=row["created_at"], updated_at=row["updated_at"],
+                        settings=_json_dict(row["settings"], f"conversation {row['id']} settings"))
 
 
 def _msg(row: sqlite3.Row) -> Message:
     return Message(id=row["id"], conversation_id=row["conversation_id"], role=row["role"],
-                   content=row["content"], created_at=row["created_at"],
-                   meta=json.loads(row["meta"] or "{}"))
+                   content=_text(row["content"]), created_at=row["created_at"],
+                   meta=_json_dict(row["meta"], f"message {row['id']} meta"))
+
+
+# -- opening the store whatever state the file is in ------------------------------------------
+@dataclass(frozen=True)
+class StoreNotice:
+    """Why the store is not the plain file it should be: ``kind`` is "recovered" (a corrupt
+    file was moved aside to ``backup`` and a fresh one made), "read_only" (the chats are
+    shown but nothing new is saved) or "unsaved" (no chats could be read: a fresh store in
+    memory). ``message`` is for the user."""
+
+    kind: str
+    message: str
+    backup: Path | None = None
+
+
+_CORRUPT = ("not a database", "malformed", "corrupt", "disk image", "unsupported file format")
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.DatabaseError) and any(
+        s in str(exc).lower() for s in _CORRUPT)
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename a corrupt database (and its WAL/SHM files) to a timestamped backup; never delete."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backup = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while backup.exists():
+        n += 1
+        backup = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            shutil.move(str(src), f"{backup}{suffix}")
+    return backup
+
+
+def _open_checked(path: Path) -> ChatStore:
+    store = ChatStore(path)
+    try:
+        if not store.integrity_ok():
+            raise sqlite3.DatabaseError("database disk image is malformed (integrity check)")
+        store.set_setting("last_opened", time.time())  # a full disk or read-only file fails here
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _read_only_copy(path: Path) -> ChatStore | None:
+    """The chats of a file we may not write, copied into memory; None if it cannot be read."""
+    for query in ("mode=ro", "immutable=1"):
+        try:
+            src = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True)
+            try:
+                src.execute("SELECT count(*) FROM conversations").fetchone()
+                return ChatStore.in_memory(path, copy_of=src)
+            finally:
+                src.close()
+        except (sqlite3.Error, SchemaTooNewError, OSError, ValueError):
+            continue
+    return None
+
+
+def _unwritable(path: Path, exc: BaseException) -> tuple[ChatStore, StoreNotice]:
+    copy = _read_only_copy(path) if path.is_file() else None
+    reason = f"{path} cannot be written ({exc})"
+    if copy is not None:
+        return copy, StoreNotice("read_only", f"{reason}. Your chats are shown, but nothing "
+                                 "new will be saved until the folder is writable and has free "
+                                 "space; then restart MTP Chat.")
+    return ChatStore.in_memory(path), StoreNotice(
+        "unsaved", f"{reason}. Chats in this session will not be saved; free some space or fix "
+        "the folder's permissions, then restart MTP Chat.")
+
+
+def open_chat_store(path_fn: Callable[[], Path]) -> tuple[ChatStore, StoreNotice | None]:
+    """Open the chat database at ``path_fn()`` whatever state it is in, losing nothing:
+    a corrupt file is moved aside (never deleted) and a fresh one made; a file from a newer
+    release is left untouched; an unwritable or full location is opened read-only (in memory)."""
+    try:
+        path = Path(path_fn())
+    except OSError as exc:  # the data folder itself cannot be created
+        return ChatStore.in_memory(Path("chats.sqlite3")), StoreNotice(
+            "unsaved", f"The data folder cannot be created ({exc}). Chats in this session will "
+            "not be saved; check MTPCHAT_HOME or the folder's permissions, then restart.")
+    if path.is_dir():
+        return ChatStore.in_memory(path), StoreNotice(
+            "unsaved", f"{path} is a folder, not a chat database. Chats in this session will not "
+            "be saved; move the folder away and restart MTP Chat.")
+    try:
+        return _open_checked(path), None
+    except SchemaTooNewError as exc:
+        return ChatStore.in_memory(path), StoreNotice("unsaved", f"{exc} Chats in this session "
+                                                      "will not be saved.")
+    except (sqlite3.Error, OSError) as exc:
+        if not _is_corruption(exc):
+            return _unwritable(path, exc)
+        log.error("chat database %s is corrupt (%s): moving it aside", path, exc)
+    try:
+        backup = _move_aside(path)
+        store = ChatStore(path)
+    except (sqlite3.Error, OSError) as exc:
+        return _unwritable(path, exc)
+    return store, StoreNotice(
+        "recovered", f"The chat database was damaged and could not be read. It was kept as "
+        f"{backup.name} (in {backup.parent}) and a new, empty one was started.", backup)

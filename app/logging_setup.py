@@ -19,15 +19,19 @@ def setup_logging(level: int = logging.INFO) -> None:
     if getattr(root, "_mtpchat_configured", False):
         return
     root.setLevel(logging.DEBUG)
-    fh = logging.handlers.RotatingFileHandler(
-        log_file(), maxBytes=2_000_000, backupCount=3, encoding="utf-8")
-    fh.setLevel(logging.DEBUG)
-    fh.setFormatter(logging.Formatter(_FORMAT))
     sh = logging.StreamHandler(sys.stderr)
     sh.setLevel(level)
     sh.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root.addHandler(fh)
     root.addHandler(sh)
+    try:
+        fh = logging.handlers.RotatingFileHandler(
+            log_file(), maxBytes=2_000_000, backupCount=3, encoding="utf-8")
+    except OSError as exc:  # read-only or full location: stderr only, and say so once
+        logging.getLogger(__name__).warning("cannot write the log file (%s); logging to stderr only", exc)
+    else:
+        fh.setLevel(logging.DEBUG)
+        fh.setFormatter(logging.Formatter(_FORMAT))
+        root.addHandler(fh)
     root._mtpchat_configured = True  # type: ignore[attr-defined]
 
 

@@ -21,6 +21,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _lock_data_folder():
+    """(lock, None) to go on; (None, exit code) when another MTP Chat uses the folder."""
+    from app import instance
+    from app.paths import data_dir
+
+    try:
+        return instance.acquire(data_dir()), None
+    except instance.AlreadyRunningError as exc:
+        print(f"mtpchat: {exc}", file=sys.stderr)
+        _tell_user("MTP Chat is already running", str(exc))
+        return None, 3
+    except OSError as exc:  # a read-only or missing data folder: the store explains it later
+        log.warning("running without the single-instance lock: %s", exc)
+        return None, None
+
+
+def _tell_user(title: str, text: str) -> None:
+    """A dialog where a person can see one (not on the offscreen platform: nobody would)."""
+    import os
+
+    if os.environ.get("QT_QPA_PLATFORM", "") in ("offscreen", "minimal"):
+        return
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    QApplication.instance() or QApplication(sys.argv[:1])
+    QMessageBox.warning(None, title, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from app.logging_setup import install_qt_message_handler, setup_logging
@@ -28,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     install_qt_message_handler()
     log.info("MTP Chat %s starting (python %s)", __version__, sys.version.split()[0])
+    lock, rc = _lock_data_folder()
+    if rc is not None:
+        return rc
     if args.self_test:
         from app.selftest import run_self_test
 

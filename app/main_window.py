@@ -37,7 +37,7 @@ from app.chat.settings import ChatSettings
 from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, DefaultsDialog
 from app.chat.sidebar import Sidebar
 from app.chat.theme import apply_theme, current_colors, stylesheet
-from app.db import ChatStore
+from app.db import StoreNotice, open_chat_store
 from app.paths import db_path, default_model_path
 from app.worker import Loader, WorkerThread
 
@@ -83,7 +83,8 @@ class MainWindow(ConversationActions, QMainWindow):
         self.resize(1180, 780)
         self._closed = False
         self._restyling = False
-        self.store = ChatStore(db_file or db_path())
+        self.store, self.store_notice = open_chat_store(
+            (lambda: Path(db_file)) if db_file else db_path)
         self.store.purge_deleted()
         self.store.mark_interrupted()
         self.prefs = AppPreferences.from_dict(self.store.get_setting("preferences"))
@@ -98,6 +99,7 @@ class MainWindow(ConversationActions, QMainWindow):
         self._connect()
         self.aux = AuxWindows(self, self.worker, on_load=self.load_model, on_tune=self.tune_model)
         self.apply_preferences(self.prefs)
+        self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
         self._open_initial_conversation()
         if autoload:
@@ -485,6 +487,25 @@ class MainWindow(ConversationActions, QMainWindow):
         QMessageBox.about(self, "About MTP Chat",
                           f"MTP Chat {__version__}\n\nLocal chat with exact multi-token-prediction "
                           "speculative decoding.")
+
+    def _show_store_notice(self, notice: StoreNotice | None) -> None:
+        """A damaged or unwritable chat database: a lasting banner, and for a recovery a
+        dialog saying where the old file was kept (non-blocking: the app stays usable)."""
+        if notice is None:
+            return
+        log.warning("chat database: %s", notice.message)
+        self.storage_banner = QLabel(notice.message, self)
+        self.storage_banner.setObjectName("errorText")
+        self.storage_banner.setWordWrap(True)
+        self.storage_banner.setAccessibleName("Chat storage message")
+        self.storage_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        pane = self.banner.parentWidget().layout()
+        pane.insertWidget(pane.indexOf(self.banner), self.storage_banner)
+        if notice.kind == "recovered":
+            box = QMessageBox(QMessageBox.Icon.Warning, "Chat history recovered", notice.message,
+                              QMessageBox.StandardButton.Ok, self)
+            box.setObjectName("storeNoticeDialog")
+            QTimer.singleShot(0, box.open)
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.shutdown()

@@ -6,7 +6,8 @@ streamed reply and its stats, checks that the reply on screen is the reply persi
 (read back through a second connection), removes its test conversation and exits 0.
 Any failure exits non-zero with the reason on stderr: 2 = model missing, 1 = a check failed.
 
-``MTPCHAT_SELFTEST_FAKE=1`` swaps in the scripted fake engine (for the app's own tests only);
+``MTPCHAT_SELFTEST_FAKE=1`` swaps in the scripted fake engine (for the app's own tests only;
+``MTPCHAT_SELFTEST_FAKE_TPS`` sets its speed, default 400 tokens/s);
 ``MTPCHAT_SELFTEST_TIMEOUT`` (seconds, default 600) bounds each wait.
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ def run_self_test(args) -> int:
     if fake:
         from app.fake_engine import FakeModel, make_fake_loader
 
-        loader = make_fake_loader(FakeModel(tokens_per_second=400))
+        tps = float(os.environ.get("MTPCHAT_SELFTEST_FAKE_TPS", "400"))
+        loader = make_fake_loader(FakeModel(tokens_per_second=tps))
         if not Path(path).exists():
             import tempfile
 

@@ -1,0 +1,144 @@
+"""The real app as a subprocess against broken or hostile storage, and killed mid-reply.
+
+Each case asserts the exit code, that stderr has no Traceback, and that the message names the
+problem; the chat database is checked with ``PRAGMA integrity_check`` and every message saved
+before the fault must still be there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.db import ChatStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(home: Path, **extra: str) -> dict:
+    env = dict(os.environ, MTPCHAT_HOME=str(home), QT_QPA_PLATFORM="offscreen",
+               PYTHONPATH=str(ROOT), MTPCHAT_SELFTEST_TIMEOUT="60")
+    env.update(extra)
+    return env
+
+
+def _app(home: Path, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app", *args], env=_env(home, **extra),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _seed(home: Path, n: int = 6) -> tuple[Path, list[str]]:
+    db = home / "data" / "chats.sqlite3"
+    s = ChatStore(db)
+    cid = s.create_conversation(title="Saved before")
+    texts = [f"saved {i}" for i in range(n)]
+    for i, t in enumerate(texts):
+        s.add_message(cid, "user" if i % 2 == 0 else "assistant", t)
+    s.close()
+    return db, texts
+
+
+def _saved(db: Path) -> list[str]:
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return [r[0] for r in con.execute("SELECT content FROM messages ORDER BY id")]
+    finally:
+        con.close()
+
+
+def test_corrupt_database_is_moved_aside_and_the_app_starts(tmp_path):
+    (tmp_path / "data").mkdir()
+    junk = os.urandom(30000)
+    (tmp_path / "data" / "chats.sqlite3").write_bytes(junk)
+    r = _app(tmp_path, "--quit-after", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "damaged" in r.stderr and "corrupt-" in r.stderr
+    backups = list((tmp_path / "data").glob("chats.sqlite3.corrupt-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == junk
+
+
+def test_bad_json_in_rows_does_not_stop_the_app(tmp_path):
+    db, texts = _seed(tmp_path)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE messages SET meta='{broken' WHERE id=1")
+    con.execute("UPDATE conversations SET settings='not json'")
+    con.execute("INSERT INTO app_settings VALUES ('preferences', '{{{')")
+    con.commit()
+    con.close()
+    r = _app(tmp_path, "--quit-after", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert _saved(db) == texts
+
+
+def test_database_path_is_a_folder(tmp_path):
+    (tmp_path / "data" / "chats.sqlite3").mkdir(parents=True)
+    r = _app(tmp_path, "--quit-after", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "is a folder" in r.stderr
+
+
+def test_a_second_instance_on_the_same_folder_is_refused(tmp_path):
+    db, texts = _seed(tmp_path)
+    first = subprocess.Popen([sys.executable, "-m", "app", "--quit-after", "20"],
+                             env=_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        lock = tmp_path / "data" / "mtpchat.lock"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.1)
+        r = _app(tmp_path, "--quit-after", "1")
+        assert r.returncode == 3, r.stderr
+        assert "Traceback" not in r.stderr and "already running" in r.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert _saved(db) == texts
+
+
+def _streaming_rows(db: Path) -> int:
+    try:
+        con = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=0.05)
+        try:
+            rows = con.execute("SELECT meta FROM messages WHERE role='assistant'").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+    return sum(1 for (m,) in rows if json.loads(m or "{}").get("status") == "streaming")
+
+
+@pytest.mark.parametrize("attempt", range(10))
+def test_kill_9_during_a_streamed_reply_loses_nothing(tmp_path, attempt):
+    db, texts = _seed(tmp_path)
+    p = subprocess.Popen([sys.executable, "-m", "app", "--self-test"],
+                         env=_env(tmp_path, MTPCHAT_SELFTEST_FAKE="1",
+                                  MTPCHAT_SELFTEST_FAKE_TPS="60"),
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _streaming_rows(db):
+            assert p.poll() is None, "the app ended before streaming"
+            time.sleep(0.02)
+        assert _streaming_rows(db), "no reply was streaming"
+        time.sleep(0.05 * attempt)  # kill at a different point of the reply each time
+    finally:
+        p.kill()
+        p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    saved = _saved(db)
+    assert saved[: len(texts)] == texts  # everything saved before the fault is still there
+    # The next start marks the cut reply as interrupted and keeps its text.
+    store = ChatStore(db)
+    assert store.mark_interrupted() == 1
+    store.close()
