@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         from app.selftest import run_self_test
 
         return run_self_test(args)
+    from app.platform_check import advice, missing_libraries
+
+    missing = missing_libraries()
+    if missing:
+        print(f"mtpchat: {advice(missing)}", file=sys.stderr)
+        return 4
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 

@@ -142,3 +142,20 @@ def test_kill_9_during_a_streamed_reply_loses_nothing(tmp_path, attempt):
     store = ChatStore(db)
     assert store.mark_interrupted() == 1
     store.close()
+
+
+def test_missing_xcb_libraries_are_named_with_the_apt_command(monkeypatch):
+    from app import platform_check
+
+    monkeypatch.setattr(platform_check, "missing_libraries",
+                        lambda: ["libxcb-icccm.so.4", "libxcb-keysyms.so.1"])
+    msg = platform_check.advice(platform_check.missing_libraries())
+    assert "libxcb-icccm.so.4" in msg
+    assert "sudo apt-get install -y libxcb-icccm4 libxcb-keysyms1" in msg
+
+
+def test_no_library_is_missing_on_this_machine_for_xcb(monkeypatch):
+    from app import platform_check
+
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    assert platform_check.missing_libraries() == []  # .ci/run installs them all
