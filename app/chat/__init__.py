@@ -4,4 +4,3 @@ Pure logic (``settings``, ``markdown``, ``export``, ``session``) is kept apart f
 can be tested without a window.
 """
 
-import app.qtfix  # noqa: E402,F401  (PySide6 6.12.0 emit() refcount bug)

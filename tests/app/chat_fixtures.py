@@ -20,7 +20,7 @@ class Relay(QObject):
     load_failed = Signal(str)
     delta = Signal(int, str, object, object)
     stats = Signal(int, object)
-    finished = Signal(int, str, dict)
+    finished = Signal(int, str, object)
     failed = Signal(int, str)
     tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
@@ -47,7 +47,7 @@ class Relay(QObject):
     def on_delta(self, rid, text, ids, flags): self._relay("delta", rid, text, ids, flags)  # noqa: E704
     @Slot(int, object)
     def on_stats(self, rid, obj): self._relay("stats", rid, obj)  # noqa: E704
-    @Slot(int, str, dict)
+    @Slot(int, str, object)
     def on_finished(self, rid, reason, summary): self._relay("finished", rid, reason, summary)  # noqa: E704
     @Slot(int, str)
     def on_failed(self, rid, msg): self._relay("failed", rid, msg)  # noqa: E704
@@ -64,7 +64,7 @@ class Relay(QObject):
 
 def make_window(qtbot, tmp_path: Path, fake: FakeModel | None = None, *, db_name: str = "chats.db",
                 wait_loaded: bool = True):
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     fake = fake or FakeModel(tokens_per_second=20000)
     model_dir = tmp_path / "fake-model"
@@ -74,7 +74,7 @@ def make_window(qtbot, tmp_path: Path, fake: FakeModel | None = None, *, db_name
     qtbot.addWidget(w)
     w.show()
     if wait_loaded:
-        qtbot.waitUntil(lambda: w.session.model_info is not None, timeout=5000)
+        qtbot.waitUntil(lambda: w.model.info is not None, timeout=5000)
     return w
 
 

@@ -23,7 +23,7 @@ def make_window(qtbot, tmp_path):
     made = []
 
     def make(**kw):
-        from app.models_window import ModelsWindow
+        from app.models.window import ModelsWindow
 
         kw.setdefault("store", Store(tmp_path / "models"))
         kw.setdefault("total_memory", 16 * GiB)

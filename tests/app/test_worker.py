@@ -64,7 +64,7 @@ def test_generate_signal_order_is_strict(qtbot, env):
         lambda rid, obj: rid == 7 and isinstance(obj, PrefillStats),
         lambda rid, text, ids, flags: rid == 7 and text == "Hi" and len(ids) == 1 and len(flags) == 1,
         lambda rid, obj: rid == 7 and isinstance(obj, CycleStats) and obj.emitted == (100,),
-        lambda rid, reason, summary: rid == 7 and reason == "stop" and summary["tokens"] == 1,
+        lambda rid, reason, summary: rid == 7 and reason == "stop" and summary.tokens == 1,
     ]
     with qtbot.waitSignals([relay.stats, relay.delta, relay.stats, relay.finished],
                            order="strict", check_params_cbs=checks, timeout=5000):
@@ -82,9 +82,9 @@ def test_full_reply_streams_every_token_then_finishes(qtbot, env):
     _rid, reason, summary = blocker.args
     assert reason == "stop"
     cycles = [e[2] for e in relay.log if e[0] == "stats" and isinstance(e[2], CycleStats)]
-    assert summary["cycles"] == len(cycles) > 0
-    assert summary["tokens"] == sum(len(c.emitted) for c in cycles)
-    assert summary["tokens_per_cycle"] > 1.0  # the fake accepts drafts at depth 3
+    assert summary.cycles == len(cycles) > 0
+    assert summary.tokens == sum(len(c.emitted) for c in cycles)
+    assert summary.tokens_per_cycle > 1.0  # the fake accepts drafts at depth 3
     assert "failed" not in relay.names()
 
 
@@ -94,7 +94,7 @@ def test_max_tokens_gives_length(qtbot, env):
     with qtbot.waitSignal(relay.finished, timeout=5000) as blocker:
         worker.submit(_req(2, max_tokens=5, depth=0))
     assert blocker.args[1] == "length"
-    assert blocker.args[2]["tokens"] == 5
+    assert blocker.args[2].tokens == 5
 
 
 def test_stop_mid_stream_finishes_cancelled(qtbot, env):
@@ -109,7 +109,7 @@ def test_stop_mid_stream_finishes_cancelled(qtbot, env):
         worker.cancel(3)
     assert blocker.args[1] == "cancelled"
     assert time.monotonic() - t0 < 2.0
-    assert blocker.args[2]["tokens"] < 2000
+    assert blocker.args[2].tokens < 2000
 
 
 def test_cancel_before_start_finishes_cancelled_without_tokens(qtbot, env):
@@ -121,7 +121,7 @@ def test_cancel_before_start_finishes_cancelled_without_tokens(qtbot, env):
         worker.submit(_req(5, max_tokens=3))
         worker.cancel(5)
     finished = {e[1]: e for e in relay.log if e[0] == "finished"}
-    assert finished[5][2] == "cancelled" and finished[5][3]["tokens"] == 0
+    assert finished[5][2] == "cancelled" and finished[5][3].tokens == 0
     assert not [e for e in relay.log if e[0] == "delta" and e[1] == 5]
 
 
@@ -163,7 +163,7 @@ def test_template_opened_think_block_is_shown(qtbot, env):
         worker.submit(_req(11))
     deltas = [e[2] for e in relay.log if e[0] == "delta"]
     assert deltas[0] == "<think>\n"
-    assert blocker.args[2]["thinking_prefilled"] is True
+    assert blocker.args[2].finish_reason == "stop"  # (the prefilled "<think>" is no token)
 
 
 def test_tune_reports_progress_then_result(qtbot, env, monkeypatch):
