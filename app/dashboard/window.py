@@ -133,6 +133,7 @@ class DashboardWindow(QWidget):
         self.last_snapshot: StatsSnapshot | None = None
         self.last_summary: ReplySummary | None = None
         self._live: ReplyTally | None = None  # the reply streaming now
+        self._finished = (0, 0)  # (replies, tokens) of the session's finished replies
         self.request_id: int | None = None
         self.refreshes = 0
         self._dirty = True
@@ -304,6 +305,8 @@ class DashboardWindow(QWidget):
         self.aggregator.finish(reason)
         self.last_summary = summary
         self._live = None
+        replies, tokens = self._finished
+        self._finished = (replies + 1, tokens + summary.tokens)
         self._dirty = True
 
     def reply_summary(self) -> ReplySummary | None:
@@ -347,6 +350,7 @@ class DashboardWindow(QWidget):
     def clear(self) -> None:
         self.aggregator = StatsAggregator(self.aggregator.window_s)
         self.last_summary = self._live = None
+        self._finished = (0, 0)
         self._dirty = True
         self.refresh()
 
@@ -392,7 +396,11 @@ class DashboardWindow(QWidget):
         self.gauge_sub.setText("live" if live else "last reply")
         self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
                                reference=("5-min average", s.tps_window) if s.tps_window else None)
-        self.series_sub.setText(f"{s.tokens} tokens in {s.requests} replies")
+        replies, tokens = self._finished
+        if self._live is not None:
+            replies, tokens = replies + 1, tokens + len(self._live.token_ids)
+        self.series_sub.setText(f"{tokens} tokens in {replies} "
+                                f"{'reply' if replies == 1 else 'replies'}")
         if not live and self.last_summary is not None:
             self.summary_label.setText(reply_headline(self.last_summary))
 

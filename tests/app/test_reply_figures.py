@@ -51,6 +51,7 @@ def _check_one_reply(qtbot, w) -> None:
     header = dash.summary_label.text()
     assert tps in header and acceptance in header and f"{expected.tokens} tokens" in header
     assert dash.t_tokens.value.text() == str(expected.tokens)  # the same count as the header
+    assert dash.series_sub.text() == f"{expected.tokens} tokens in 1 reply"
     assert dash.t_cycle.value.text() == f"{expected.tokens_per_cycle:.2f}"
     assert dash.t_cycle.note.text() == f"{expected.accepted_per_cycle:.2f} drafts accepted"
 
