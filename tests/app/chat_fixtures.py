@@ -18,6 +18,7 @@ class Relay(QObject):
     loading = Signal(str)
     loaded = Signal(object)
     load_failed = Signal(str)
+    unloaded = Signal()
     delta = Signal(int, str, object, object)
     stats = Signal(int, object)
     finished = Signal(int, str, object)
@@ -29,7 +30,7 @@ class Relay(QObject):
     def __init__(self, worker) -> None:
         super().__init__()
         self.log: list[tuple] = []
-        for name in ("loading", "loaded", "load_failed", "delta", "stats", "finished", "failed",
+        for name in ("loading", "loaded", "load_failed", "unloaded", "delta", "stats", "finished", "failed",
                      "tune_progress", "tune_finished", "tune_failed"):
             getattr(worker, name).connect(getattr(self, f"on_{name}"))
 
@@ -43,6 +44,8 @@ class Relay(QObject):
     def on_loaded(self, info): self._relay("loaded", info)  # noqa: E704
     @Slot(str)
     def on_load_failed(self, msg): self._relay("load_failed", msg)  # noqa: E704
+    @Slot()
+    def on_unloaded(self): self._relay("unloaded")  # noqa: E704
     @Slot(int, str, object, object)
     def on_delta(self, rid, text, ids, flags): self._relay("delta", rid, text, ids, flags)  # noqa: E704
     @Slot(int, object)

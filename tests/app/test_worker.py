@@ -56,6 +56,34 @@ def test_load_error_message_is_passed_verbatim(qtbot):
         assert wt.shutdown()
 
 
+def test_failed_load_reloads_the_previous_model(qtbot):
+    from app.fake_engine import make_fake_loader
+    from app.worker import WorkerThread
+
+    good = make_fake_loader(FakeModel())
+    broken_too = []
+
+    def loader(path):
+        if path == "bad" or (path == "m" and broken_too):
+            raise ModelLoadError(f"cannot load {path}")
+        return good(path)
+
+    wt = WorkerThread(loader=loader)
+    relay = Relay(wt.worker)
+    try:
+        _load(qtbot, wt.worker, relay, "m")
+        with qtbot.waitSignal(relay.load_failed, timeout=5000) as blocker:
+            wt.worker.load_model("bad")
+        assert blocker.args == ["cannot load bad"]
+        assert wt.worker.model_info.path == "m" and "unloaded" not in relay.names()
+        broken_too.append(True)  # now the previous model cannot come back either
+        with qtbot.waitSignals([relay.unloaded, relay.load_failed], order="strict", timeout=5000):
+            wt.worker.load_model("bad")
+        assert wt.worker.model_info is None
+    finally:
+        assert wt.shutdown()
+
+
 def test_generate_signal_order_is_strict(qtbot, env):
     worker, fake, relay = env
     fake.script = "Hi"  # one token -> prefill stats, one cycle, finished
