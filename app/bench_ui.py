@@ -81,7 +81,7 @@ class _Probe:
 class _Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         from app.fake_engine import FakeModel, make_fake_loader
-        from app.main_window import MainWindow
+        from app.chat.main_window import MainWindow
 
         self.args = args
         fake = FakeModel(tokens_per_second=args.tps, repeat_to=args.tokens, acceptance=0.6)
@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("MTP Chat (bench)")
     bench = _Bench(args)
-    _spin_until(lambda: bench.window.session.model_info is not None, 30)
-    if bench.window.session.model_info is None:
+    _spin_until(lambda: bench.window.model.info is not None, 30)
+    if bench.window.model.info is None:
         print("bench_ui: the fake model did not load", file=sys.stderr)
         return 1
     idle = _Probe()  # the same probe with nothing streaming: this machine's own noise

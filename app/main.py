@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("MTP Chat")

@@ -3,7 +3,8 @@
 Starts the main window (offscreen unless a platform is set), loads the default model (or
 ``--model PATH``) on the worker thread, sends one message through the composer, waits for the
 streamed reply and its stats, checks that the reply on screen is the reply persisted in SQLite
-(read back through a second connection), removes its test conversation and exits 0.
+(read back through a second connection) and that the stats line under it shows the worker's
+``ReplySummary``, removes its test conversation and exits 0.
 Any failure exits non-zero with the reason on stderr: 2 = model missing, 1 = a check failed.
 
 ``MTPCHAT_SELFTEST_FAKE=1`` swaps in the scripted fake engine (for the app's own tests only;
@@ -15,11 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Slot
+from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, Slot
+from PySide6.QtWidgets import QApplication
+
+from app.chat.main_window import MainWindow
+from app.chat.stats_line import format_stats
+from app.db import ChatStore
+from app.fake_engine import FakeModel, make_fake_loader
+from app.paths import default_model_path
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +45,6 @@ def _say(msg: str) -> None:
 
 def run_self_test(args) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtWidgets import QApplication
-
-    from app.paths import default_model_path
-
     fake = os.environ.get("MTPCHAT_SELFTEST_FAKE") == "1"
     path = str(args.model or default_model_path())
     if not fake and not Path(path).exists():
@@ -47,19 +52,13 @@ def run_self_test(args) -> int:
         return 2
     loader = None
     if fake:
-        from app.fake_engine import FakeModel, make_fake_loader
-
         tps = float(os.environ.get("MTPCHAT_SELFTEST_FAKE_TPS", "400"))
         loader = make_fake_loader(FakeModel(tokens_per_second=tps))
         if not Path(path).exists():
-            import tempfile
-
             path = tempfile.mkdtemp(prefix="mtpchat-fake-model-")
         _say("using the scripted FAKE engine (MTPCHAT_SELFTEST_FAKE=1)")
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("MTP Chat")
-    from app.main_window import MainWindow
-
     window = MainWindow(model_path=path, loader=loader, autoload=False)
     window.show()
     try:
@@ -84,8 +83,6 @@ class _SelfTest(QObject):
         self.events: dict[str, object] = {}
 
     def _wait(self, what: str, done) -> None:
-        from PySide6.QtCore import QCoreApplication, QEventLoop
-
         deadline = time.monotonic() + self.timeout
         while not done():
             if time.monotonic() > deadline:
@@ -98,6 +95,7 @@ class _SelfTest(QObject):
         w.worker.loaded.connect(self._on_loaded)
         w.worker.load_failed.connect(self._on_load_failed)
         w.worker.stats.connect(self._on_stats)
+        w.worker.finished.connect(self._on_summary)
         w.session.stream_finished.connect(self._on_finished)
         t0 = time.monotonic()
         w.load_model(self.path)
@@ -130,8 +128,6 @@ class _SelfTest(QObject):
         return conv
 
     def _check(self, conv: int, info) -> str:
-        from app.db import ChatStore
-
         msg_id, status = self.events["finished"]
         if status != "done":
             msg = self.w.store.message(msg_id)
@@ -152,12 +148,19 @@ class _SelfTest(QObject):
         shown = self.w.view.widgets.get(msg_id)
         if shown is None or shown.content != saved.content:
             raise SelfTestFailure("the reply on screen differs from the persisted reply")
-        summary = saved.meta.get("stats") or {}
-        if summary.get("tokens", 0) < 1:
+        summary = self.events.get("summary")
+        if summary is None or summary.tokens < 1:
             raise SelfTestFailure("the reply has no tokens")
+        if (saved.meta.get("stats") or {}).get("tokens") != summary.tokens:
+            raise SelfTestFailure("the persisted stats differ from the reply's summary")
+        if not shown.stats_label.text().startswith(format_stats(summary)):
+            raise SelfTestFailure(f"the stats line {shown.stats_label.text()!r} does not show "
+                                  f"the reply's summary {format_stats(summary)!r}")
         preview = " ".join(saved.content.split())[:80]
-        return (f"{summary['tokens']} tokens, {summary.get('tokens_per_s', 0):.1f} tok/s, "
-                f"TTFT {summary.get('ttft_s') or 0:.2f} s, {len(cycles)} cycles, "
+        acceptance = (f", acceptance rate {summary.draft_acceptance:.0%}"
+                      if summary.draft_acceptance is not None else "")
+        return (f"{summary.tokens} tokens, {summary.tokens_per_s:.1f} tok/s, "
+                f"TTFT {summary.ttft_s:.2f} s, {summary.cycles} cycles{acceptance}, "
                 f"persisted; reply: {preview!r}")
 
     # Slots of a QObject living on the GUI thread: worker signals arrive queued.
@@ -172,6 +175,10 @@ class _SelfTest(QObject):
     @Slot(int, object)
     def _on_stats(self, _rid: int, obj) -> None:
         self.stats.append(obj)
+
+    @Slot(int, str, object)
+    def _on_summary(self, _rid: int, _reason: str, summary) -> None:
+        self.events["summary"] = summary
 
     @Slot(int, int, str)
     def _on_finished(self, _conv: int, msg_id: int, status: str) -> None:

@@ -12,17 +12,20 @@ Slots (run on the worker thread; call them through queued signals or ``submit``/
 Signals (emitted from the worker thread, delivered queued to UI objects):
 
 - ``loading(str)``: progress text while a model loads.
-- ``loaded(ModelInfo)`` / ``load_failed(str message)``.
+- ``loaded(ModelInfo)`` / ``load_failed(str message)``. A failed load keeps the previous model:
+  it is loaded again before ``load_failed``; if that fails too, ``unloaded()`` comes first.
 - ``delta(request_id, text, token_ids, from_draft)``: one engine cycle's new tokens.
 - ``stats(request_id, obj)``: ``PrefillStats`` first, then one ``CycleStats`` per cycle.
-- ``finished(request_id, reason, summary)``: reason is "stop", "length" or "cancelled".
+- ``finished(request_id, reason, summary)``: reason is "stop", "length" or "cancelled";
+  ``summary`` is the reply's ``engine.summary.ReplySummary`` (the only source of its tok/s and
+  acceptance figures).
 - ``failed(request_id, message)``: the request ended with an error (never both finished and failed).
 - ``tune_progress(done, total, message)``, ``tune_finished(TuneResult)``, ``tune_failed(str)``.
 
 Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
 and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
-``EngineError`` messages are passed on verbatim, anything else becomes "Internal error: ..." and
-its traceback is logged.
+exceptions become messages through ``app.errors.describe`` (``EngineError`` verbatim), and the
+traceback of anything else is logged.
 """
 from __future__ import annotations
 
@@ -30,14 +33,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; must precede any emit)
+import engine
+from app.errors import describe
+from engine import tuner
 from engine.errors import EngineError
-from engine.types import CycleStats, PrefillStats, SamplingParams
+from engine.summary import ReplySummary, ReplyTally
+from engine.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -58,73 +64,8 @@ class GenerationRequest:
     stop_strings: tuple[str, ...] = ()
 
 
-def describe_error(exc: BaseException) -> str:
-    """The one place engine exceptions become user-facing text."""
-    if isinstance(exc, EngineError):
-        return str(exc) or type(exc).__name__
-    if isinstance(exc, MemoryError):
-        return "Out of memory: the model or the conversation does not fit in memory."
-    return f"Internal error: {type(exc).__name__}: {exc}"
-
-
 def _default_loader(path: str) -> Any:
-    import engine
-
     return engine.load(path)
-
-
-class _Summary:
-    """Accumulates one request's numbers into the ``finished`` summary dict."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.t_first: float | None = None
-        self.t_last: float | None = None
-        self.first_tokens = 0
-        self.tokens = 0
-        self.cycles = 0
-        self.accepted = 0
-        self.drafted = 0
-        self.prompt_tokens = 0
-        self.prefill_s = 0.0
-        self.depths: list[int] = []
-
-    def on_prefill(self, p: PrefillStats) -> None:
-        self.prompt_tokens = p.prompt_tokens
-        self.prefill_s = p.seconds
-
-    def on_tokens(self, n: int, stats: CycleStats | None) -> None:
-        now = time.perf_counter()
-        if n and self.t_first is None:
-            self.t_first = now
-            self.first_tokens = n
-        if n:
-            self.t_last = now
-        self.tokens += n
-        if stats is not None:
-            self.cycles += 1
-            self.accepted += stats.accepted
-            self.drafted += stats.depth
-            self.depths.append(stats.depth)
-
-    def as_dict(self) -> dict:
-        end = time.perf_counter()
-        ttft = (self.t_first - self.t0) if self.t_first is not None else None
-        decode_s = (self.t_last - self.t_first) if self.t_first and self.t_last else 0.0
-        # tokens after the first event's, over the time they took (the first is TTFT's).
-        later = self.tokens - self.first_tokens
-        tps = later / decode_s if decode_s > 0 and later > 0 else 0.0
-        return {
-            "tokens": self.tokens, "prompt_tokens": self.prompt_tokens, "cycles": self.cycles,
-            "ttft_s": ttft, "decode_s": decode_s, "elapsed_s": end - self.t0,
-            "tokens_per_s": tps, "prefill_s": self.prefill_s,
-            "tokens_per_cycle": self.tokens / self.cycles if self.cycles else 0.0,
-            "accepted_per_cycle": self.accepted / self.cycles if self.cycles else 0.0,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            # Depths of the cycles that drafted (depth "auto" mixes them; 0 = none did).
-            "depth": max(self.depths, default=0),
-            "depth_min": min((d for d in self.depths if d > 0), default=0),
-        }
 
 
 class Worker(QObject):
@@ -133,9 +74,10 @@ class Worker(QObject):
     loading = Signal(str)
     loaded = Signal(object)
     load_failed = Signal(str)
+    unloaded = Signal()
     delta = Signal(int, str, object, object)
     stats = Signal(int, object)
-    finished = Signal(int, str, dict)
+    finished = Signal(int, str, object)
     failed = Signal(int, str)
     tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
@@ -198,16 +140,32 @@ class Worker(QObject):
             self._load(path)
         except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
             self._log_unexpected(exc, "load")
-            self.load_failed.emit(describe_error(exc))
+            self.load_failed.emit(describe(exc))
 
     def _load(self, path: str) -> None:
+        previous = self._model.info.path if self._model is not None else None
         self.loading.emit(f"Loading {path}…")
         self._model = None  # free the previous model before reading the next one
         t0 = time.perf_counter()
-        model = self._loader(path)
+        try:
+            model = self._loader(path)
+        except BaseException:
+            self._restore(previous)
+            raise
         self._model = model
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         self.loaded.emit(model.info)
+
+    def _restore(self, path: str | None) -> None:
+        """After a failed load: load the previous model again (the app keeps using it)."""
+        if path is None:
+            return
+        self.loading.emit(f"Loading {path} again…")
+        try:
+            self._model = self._loader(path)
+        except BaseException as exc:  # noqa: BLE001 - the original failure is what is reported
+            log.error("could not reload the previous model %s: %s", path, exc)
+            self.unloaded.emit()
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
@@ -218,35 +176,33 @@ class Worker(QObject):
             self._generate(request, cancel)
         except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
             self._log_unexpected(exc, f"request {rid}")
-            self.failed.emit(rid, describe_error(exc))
+            self.failed.emit(rid, describe(exc))
         finally:
             with self._lock:
                 self._cancels.pop(rid, None)
 
     def _generate(self, req: GenerationRequest, cancel: threading.Event) -> None:
         rid = req.request_id
-        summary = _Summary()
+        tally = ReplyTally()
         if cancel.is_set():
-            self.finished.emit(rid, "cancelled", summary.as_dict())
+            self.finished.emit(rid, "cancelled", tally.summary())
             return
         model = self._model
         if model is None:
             raise EngineError("No model is loaded yet.")
         ids = model.chat_ids(list(req.messages), enable_thinking=req.enable_thinking)
-        opens_think = self._prompt_opens_think(model, ids)
-        if opens_think:
+        if self._prompt_opens_think(model, ids):
             self.delta.emit(rid, "<think>\n", [], [])
         reason = "stop"
         for ev in model.generate(ids, max_tokens=req.max_tokens, depth=req.depth,
                                  sampling=req.sampling, seed=req.seed, cancel=cancel,
                                  stop_strings=req.stop_strings):
+            tally.add(ev)
             if ev.prefill is not None:
-                summary.on_prefill(ev.prefill)
                 self.stats.emit(rid, ev.prefill)
             if ev.token_ids or ev.text:
                 flags = list(ev.stats.from_draft) if ev.stats is not None else []
                 self.delta.emit(rid, ev.text, list(ev.token_ids), flags)
-            summary.on_tokens(len(ev.token_ids), ev.stats)
             if ev.stats is not None:
                 self.stats.emit(rid, ev.stats)
             if ev.finish_reason is not None:
@@ -254,9 +210,8 @@ class Worker(QObject):
                 break
         if cancel.is_set():
             reason = "cancelled"
-        out = summary.as_dict()
-        out["thinking_prefilled"] = opens_think
-        self.finished.emit(rid, reason, out)
+        summary: ReplySummary = replace(tally.summary(), finish_reason=reason)
+        self.finished.emit(rid, reason, summary)
 
     @staticmethod
     def _prompt_opens_think(model: Any, ids: list[int]) -> bool:
@@ -276,18 +231,15 @@ class Worker(QObject):
             self._tune(path)
         except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
             self._log_unexpected(exc, "tune")
-            self.tune_failed.emit(describe_error(exc))
+            self.tune_failed.emit(describe(exc))
 
     def _tune(self, path: str) -> None:
-        try:
-            from engine import tuner  # another issue's module; may not exist yet
-        except ImportError as exc:
-            raise EngineError(f"Tuning is not available in this build ({exc}).") from exc
         current = self._model.info.path if self._model is not None else None
         if path and path != current:
             self._load(path)
         if self._model is None:
             raise EngineError("Load a model before tuning it.")
+
         def progress(done: int, total: int, message: str) -> None:
             self.tune_progress.emit(int(done), int(total), str(message))
 

@@ -1,7 +1,7 @@
-"""The chat window's parts: conversation view, messages, Markdown, composer, sidebar, settings.
+"""The chat window (``main_window``) and its parts: conversation view, messages, Markdown,
+composer, sidebar, settings, model picker, the other windows (``aux_windows``).
 
-Pure logic (``settings``, ``markdown``, ``export``, ``session``) is kept apart from widgets so it
-can be tested without a window.
+Logic is kept apart from widgets so it can be tested without a window: ``conversations``
+(every conversation operation, no Qt), ``session`` (streaming replies), ``stats_line``,
+``settings``, ``markdown``, ``export``.
 """
-
-import app.qtfix  # noqa: E402,F401  (PySide6 6.12.0 emit() refcount bug)

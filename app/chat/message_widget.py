@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBut
 
 from app.chat.flow import MarkdownFlow
 from app.chat.markdown import split_think
-from app.chat.session import format_stats
+from app.chat.stats_line import format_stats
 
 
 class ThinkCard(QFrame):

@@ -1,5 +1,6 @@
 """The chat controller: turns user actions into worker requests and worker signals into
-persisted, coalesced message updates. Owns no widgets.
+persisted, coalesced message updates. Owns no widgets; conversations are ``Conversations``'
+(``session.conversations``), the model is the ``LoadedModel``'s.
 
 Contract
 --------
@@ -11,6 +12,7 @@ Contract
   ``finished``/``failed`` still finalises the message it was writing into.
 - A stream always writes into its own conversation, whatever conversation is on screen.
 - Only one request generates at a time (``busy``); a stopped one may still be finishing.
+- A finished reply's ``meta["stats"]`` is its ``ReplySummary.to_dict()``.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ from itertools import count
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app.chat.conversations import Conversations
 from app.chat.markdown import THINK_CLOSE, THINK_OPEN, strip_think
 from app.chat.settings import ChatSettings
-from app.db import ChatStore
+from app.loaded_model import LoadedModel
 from app.worker import GenerationRequest, Worker
+from engine.summary import ReplySummary
 
 log = logging.getLogger(__name__)
 
@@ -104,36 +108,6 @@ class Stream:
         return meta
 
 
-def format_stats(summary: dict | None) -> str:
-    """The line under a reply: tok/s, time to first token, tokens, tokens per cycle."""
-    if not summary:
-        return ""
-    parts = []
-    if summary.get("tokens_per_s"):
-        parts.append(f"{summary['tokens_per_s']:.1f} tok/s")
-    if summary.get("ttft_s") is not None:
-        parts.append(f"TTFT {summary['ttft_s']:.2f} s")
-    prompt = summary.get("prompt_tokens")
-    out = f"{summary.get('tokens', 0)} tokens"
-    parts.append(f"{out} (prompt {prompt})" if prompt else out)
-    if summary.get("cycles"):
-        tpc = summary.get("tokens_per_cycle", 0.0)
-        apc = summary.get("accepted_per_cycle", 0.0)
-        depth = summary.get("depth", 0)  # the deepest draft of the reply
-        low = summary.get("depth_min") or depth
-        if depth:
-            depths = f"depth {depth}" if low == depth else f"depths {low}–{depth}"
-            parts.append(f"{tpc:.2f} tok/cycle ({apc:.2f} accepted, {depths})")
-        else:
-            parts.append("no speculation")
-    return " · ".join(parts)
-
-
-def make_title(text: str, limit: int = 48) -> str:
-    line = " ".join(text.strip().split())
-    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
-
-
 class ChatSession(QObject):
     """Signals: ``stream_updated(conv_id, msg_id)``, ``stream_finished(conv_id, msg_id, status)``,
     ``busy_changed(bool)``, ``conversations_changed()``, ``messages_changed(conv_id)``."""
@@ -144,12 +118,12 @@ class ChatSession(QObject):
     conversations_changed = Signal()
     messages_changed = Signal(int)
 
-    def __init__(self, store: ChatStore, worker: Worker, parent: QObject | None = None) -> None:
+    def __init__(self, conversations: Conversations, worker: Worker, model: LoadedModel,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.store = store
+        self.conversations = conversations
         self.worker = worker
-        self.model_info = None
-        self.defaults = ChatSettings()
+        self.model = model
         self.streams: dict[int, Stream] = {}
         self.dropped_deltas = 0
         self.closed = False
@@ -178,34 +152,47 @@ class ChatSession(QObject):
                 return s
         return None
 
+    def streaming_conversations(self) -> set[int]:
+        return {s.conv_id for s in self.streams.values()}
+
+    def live_messages(self, conv_id: int) -> dict[int, tuple[str, dict]]:
+        """Replies of ``conv_id`` being written: msg_id -> (text so far, live meta)."""
+        return {s.msg_id: (s.content, s.live_meta()) for s in self.streams.values()
+                if s.conv_id == conv_id}
+
+    def can_reply(self) -> bool:
+        return not self.busy and self.model.ready
+
     def settings_for(self, conv_id: int) -> ChatSettings:
-        conv = self.store.conversation(conv_id)
-        return ChatSettings.from_dict(conv.settings if conv else None, base=self.defaults)
+        return self.conversations.settings_for(conv_id)
 
     # -- user actions ---------------------------------------------------------------------------
     def new_conversation(self) -> int:
-        conv_id = self.store.create_conversation(settings=self.defaults.to_dict())
+        conv_id = self.conversations.create()
         self.conversations_changed.emit()
         return conv_id
 
     def send(self, conv_id: int, text: str) -> int:
         """Append a user message and start its reply; returns the request id."""
-        conv = self.store.conversation(conv_id)
-        if conv is not None and conv.title == "New chat":
-            self.store.rename_conversation(conv_id, make_title(text))
-        self.store.add_message(conv_id, "user", text)
+        self.conversations.title_from(conv_id, text)
+        self.conversations.add_user_message(conv_id, text)
         return self._start_reply(conv_id)
 
     def regenerate(self, conv_id: int, msg_id: int) -> int:
         """Replace assistant message ``msg_id`` (and anything after it) with a new reply."""
-        self.store.delete_messages_from(conv_id, msg_id)
+        self.conversations.truncate(conv_id, msg_id)
         return self._start_reply(conv_id)
 
     def edit_and_resend(self, conv_id: int, msg_id: int, text: str) -> int:
         """Replace user message ``msg_id`` by ``text``, drop every later message, reply again."""
-        self.store.delete_messages_from(conv_id, msg_id)
-        self.store.add_message(conv_id, "user", text)
+        self.conversations.truncate(conv_id, msg_id)
+        self.conversations.add_user_message(conv_id, text)
         return self._start_reply(conv_id)
+
+    def stop_conversation(self, conv_id: int) -> None:
+        """Stop the reply being written in ``conv_id`` (if any)."""
+        if any(s.conv_id == conv_id for s in self.streams.values()):
+            self.stop()
 
     def stop(self) -> None:
         for s in self.streams.values():
@@ -218,7 +205,7 @@ class ChatSession(QObject):
         msgs = []
         if settings.system_prompt.strip():
             msgs.append({"role": "system", "content": settings.system_prompt})
-        for m in self.store.messages(conv_id):
+        for m in self.conversations.messages(conv_id):
             content = strip_think(m.content) if m.role == "assistant" else m.content
             if m.role == "assistant" and not content.strip():
                 continue
@@ -229,14 +216,15 @@ class ChatSession(QObject):
         settings = self.settings_for(conv_id)
         messages = self.history(conv_id, settings)
         rid = next(_request_ids)
-        thinking = settings.thinking if getattr(self.model_info, "supports_thinking", False) else None
-        meta = {"status": "streaming", "model": getattr(self.model_info, "name", None),
+        info = self.model.info
+        thinking = settings.thinking if info is not None and info.supports_thinking else None
+        meta = {"status": "streaming", "model": info.name if info is not None else None,
                 "request_id": rid}
-        msg_id = self.store.add_message(conv_id, "assistant", "", meta=meta)
+        msg_id = self.conversations.add_reply(conv_id, meta)
         self.streams[rid] = Stream(rid, conv_id, msg_id, meta)
         req = GenerationRequest(
             request_id=rid, messages=tuple(messages), max_tokens=settings.max_tokens,
-            depth=settings.depth_for(self.model_info), sampling=settings.sampling(),
+            depth=settings.depth_for(info), sampling=settings.sampling(),
             enable_thinking=thinking)
         self.worker.submit(req)
         self._timer.start()
@@ -276,12 +264,12 @@ class ChatSession(QObject):
             self._timer.stop()
 
     def _flush(self, s: Stream) -> None:
-        self.store.update_message(s.msg_id, content=s.content, meta=s.live_meta())
+        self.conversations.save_reply(s.msg_id, s.content, s.live_meta())
         s.last_flush = time.monotonic()
         s.dirty = False
 
-    @Slot(int, str, dict)
-    def on_finished(self, request_id: int, reason: str, summary: dict) -> None:
+    @Slot(int, str, object)
+    def on_finished(self, request_id: int, reason: str, summary: ReplySummary) -> None:
         s = None if self.closed else self.streams.pop(request_id, None)
         if s is None:
             return
@@ -289,7 +277,7 @@ class ChatSession(QObject):
             s.apply_pending()
         s.meta["status"] = "cancelled" if reason == "cancelled" else "done"
         s.meta["finish_reason"] = reason
-        s.meta["stats"] = summary
+        s.meta["stats"] = summary.to_dict()
         self._finalize(s)
 
     @Slot(int, str)
@@ -304,7 +292,7 @@ class ChatSession(QObject):
 
     def _finalize(self, s: Stream) -> None:
         self._flush(s)
-        self.store.touch(s.conv_id)
+        self.conversations.touch(s.conv_id)
         self.stream_finished.emit(s.conv_id, s.msg_id, s.meta["status"])
         self.busy_changed.emit(self.busy)
         if not self.streams:

@@ -18,9 +18,10 @@ class Relay(QObject):
     loading = Signal(str)
     loaded = Signal(object)
     load_failed = Signal(str)
+    unloaded = Signal()
     delta = Signal(int, str, object, object)
     stats = Signal(int, object)
-    finished = Signal(int, str, dict)
+    finished = Signal(int, str, object)
     failed = Signal(int, str)
     tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
@@ -29,7 +30,7 @@ class Relay(QObject):
     def __init__(self, worker) -> None:
         super().__init__()
         self.log: list[tuple] = []
-        for name in ("loading", "loaded", "load_failed", "delta", "stats", "finished", "failed",
+        for name in ("loading", "loaded", "load_failed", "unloaded", "delta", "stats", "finished", "failed",
                      "tune_progress", "tune_finished", "tune_failed"):
             getattr(worker, name).connect(getattr(self, f"on_{name}"))
 
@@ -43,11 +44,13 @@ class Relay(QObject):
     def on_loaded(self, info): self._relay("loaded", info)  # noqa: E704
     @Slot(str)
     def on_load_failed(self, msg): self._relay("load_failed", msg)  # noqa: E704
+    @Slot()
+    def on_unloaded(self): self._relay("unloaded")  # noqa: E704
     @Slot(int, str, object, object)
     def on_delta(self, rid, text, ids, flags): self._relay("delta", rid, text, ids, flags)  # noqa: E704
     @Slot(int, object)
     def on_stats(self, rid, obj): self._relay("stats", rid, obj)  # noqa: E704
-    @Slot(int, str, dict)
+    @Slot(int, str, object)
     def on_finished(self, rid, reason, summary): self._relay("finished", rid, reason, summary)  # noqa: E704
     @Slot(int, str)
     def on_failed(self, rid, msg): self._relay("failed", rid, msg)  # noqa: E704
@@ -64,7 +67,7 @@ class Relay(QObject):
 
 def make_window(qtbot, tmp_path: Path, fake: FakeModel | None = None, *, db_name: str = "chats.db",
                 wait_loaded: bool = True):
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     fake = fake or FakeModel(tokens_per_second=20000)
     model_dir = tmp_path / "fake-model"
@@ -74,7 +77,7 @@ def make_window(qtbot, tmp_path: Path, fake: FakeModel | None = None, *, db_name
     qtbot.addWidget(w)
     w.show()
     if wait_loaded:
-        qtbot.waitUntil(lambda: w.session.model_info is not None, timeout=5000)
+        qtbot.waitUntil(lambda: w.model.info is not None, timeout=5000)
     return w
 
 

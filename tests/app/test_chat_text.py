@@ -16,7 +16,9 @@ from app.chat.markdown import (
     strip_think,
     tinted_html,
 )
-from app.chat.session import Stream, format_stats, make_title
+from app.chat.conversations import make_title
+from app.chat.session import Stream
+from app.chat.stats_line import format_stats
 from app.chat.settings import ChatSettings
 from app.db import Conversation, Message
 from app.fake_engine import DEFAULT_SCRIPT, THINK_SCRIPT, fake_model_info

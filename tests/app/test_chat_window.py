@@ -77,14 +77,15 @@ def test_stop_mid_stream_keeps_partial_reply_and_drops_stale_deltas(qtbot, tmp_p
     w = make_window(qtbot, tmp_path, fake)
     send(qtbot, w, "long please", wait=False)
     rid = next(iter(w.session.streams))
-    qtbot.waitUntil(lambda: bool(w.session.streams[rid].content), timeout=5000)
+    stream = w.session.streams[rid]
+    qtbot.waitUntil(lambda: bool(stream.content), timeout=5000)
     assert w.composer.button.text() == "Stop"
     qtbot.keyClick(w.composer.edit, Qt.Key.Key_Escape)
-    stream = w.session.streams.get(rid)
-    if stream is not None:  # a late delta of the stopped request must not be appended
-        before = stream.content
-        w.session.on_delta(rid, "STALE", [1], [False])
-        assert stream.content == before and w.session.dropped_deltas >= 1
+    # a late delta of the stopped request is dropped, whether or not it has finished yet
+    before = stream.content + "".join(stream.pending)
+    w.session.on_delta(rid, "STALE", [1], [False])
+    assert stream.content + "".join(stream.pending) == before
+    assert w.session.dropped_deltas >= 1
     qtbot.waitUntil(lambda: not w.session.streams, timeout=5000)
     reply = _assistant(w)[0]
     assert reply.meta["status"] == "cancelled" and reply.meta["finish_reason"] == "cancelled"
@@ -337,7 +338,7 @@ def test_enter_sends_and_shift_enter_adds_a_newline(qtbot, win):
 def test_send_is_disabled_for_empty_text_and_while_loading(qtbot, tmp_path):
     w = make_window(qtbot, tmp_path, wait_loaded=False)
     w.composer.edit.setPlainText("hello")
-    qtbot.waitUntil(lambda: w.session.model_info is not None, timeout=5000)
+    qtbot.waitUntil(lambda: w.model.info is not None, timeout=5000)
     assert w.composer.button.isEnabled()
     w.composer.edit.setPlainText("   ")
     assert not w.composer.button.isEnabled()
@@ -345,7 +346,7 @@ def test_send_is_disabled_for_empty_text_and_while_loading(qtbot, tmp_path):
 
 
 def test_missing_demo_model_shows_a_message_not_a_crash(qtbot, tmp_path, monkeypatch):
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     monkeypatch.setenv("MTPCHAT_RESOURCES", str(tmp_path / "no-resources"))
     w = MainWindow(db_file=tmp_path / "db.sqlite")
@@ -357,7 +358,7 @@ def test_missing_demo_model_shows_a_message_not_a_crash(qtbot, tmp_path, monkeyp
 
 
 def test_load_failure_is_reported(qtbot, tmp_path):
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
     from engine.errors import UnsupportedModelError
 
     def loader(path):
@@ -423,27 +424,13 @@ def test_dark_theme_restyles(qtbot, win):
     assert not palette_is_dark()
 
 
-def test_view_menu_opens_the_other_windows_or_explains(qtbot, win, monkeypatch):
-    import importlib
-
-    from PySide6.QtWidgets import QMessageBox
-
-    shown = []
-    monkeypatch.setattr(QMessageBox, "information", lambda *a, **k: shown.append(a[1]))
-    real_import = importlib.import_module
-
-    def fake_import(name, *a):
-        if name == "app.models_window":
-            raise ImportError("not built yet")
-        return real_import(name, *a)
-
-    monkeypatch.setattr(importlib, "import_module", fake_import)
-    assert win.aux.show_models() is None
-    assert shown == ["Model manager unavailable"]
-    dash = win.aux.show_dashboard()
-    if dash is not None:  # app.dashboard exists in this checkout
-        assert dash.isVisible()
-        dash.close()
+def test_view_menu_opens_the_other_windows(qtbot, win):
+    dash, models = win.aux.show_dashboard(), win.aux.show_models()
+    assert dash.isVisible() and models.isVisible()
+    assert win.aux.show_dashboard() is dash and win.aux.show_models() is models  # made once
+    assert dash.info is win.model.info and models.loaded_path == win.model.info.path
+    dash.close()
+    models.close()
 
 
 def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypatch):
@@ -456,14 +443,16 @@ def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypa
 
     monkeypatch.setattr(tuner, "tune", fake_tune)
     dash, models = win.aux.show_dashboard(), win.aux.show_models()
-    if dash is None or models is None:
-        pytest.skip("the dashboard or the model manager is not in this checkout")
     seen = []
     monkeypatch.setattr(dash, "on_tune_progress", lambda d, t, m: seen.append(("dash", d, t, m)))
-    monkeypatch.setattr(models, "on_tune_progress", lambda obj: seen.append(("models", obj)))
+    monkeypatch.setattr(models, "on_tune_progress", lambda d, t, m: seen.append(("models", d, t, m)))
     models.tune_requested.emit("")
     qtbot.waitUntil(lambda: len(seen) == 4, timeout=5000)
-    assert ("dash", 2, 2, "depth 1") in seen and ("models", "Tuning 2/2: depth 1") in seen
+    assert ("dash", 2, 2, "depth 1") in seen and ("models", 2, 2, "depth 1") in seen
+    qtbot.waitUntil(lambda: models.tune_status.text().startswith("Tuning done"), timeout=5000)
+    monkeypatch.undo()
+    models.on_tune_progress(2, 2, "depth 1")
+    assert models.tune_status.text() == "Tuning 2/2: depth 1"
     dash.close()
     models.close()
 
@@ -496,7 +485,7 @@ def test_controls_have_accessible_names(qtbot, win):
 def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
     """Quitting while the model loads: its 'loaded' arrives after the database is closed."""
     from app.fake_engine import make_fake_loader
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     (tmp_path / "m").mkdir()
     w = MainWindow(model_path=str(tmp_path / "m"), db_file=tmp_path / "db",
@@ -510,7 +499,7 @@ def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
 def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
     from types import SimpleNamespace
 
-    from app.main_window import DEMO_EXAMPLES, _examples_for
+    from app.chat.main_window import DEMO_EXAMPLES, _examples_for
     from app.paths import default_model_path
 
     assert win.view.example_buttons == []  # the (fake) loaded model is not the demo

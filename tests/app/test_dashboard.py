@@ -13,11 +13,10 @@ pytestmark = pytest.mark.gui
 def emitter():
     from PySide6.QtCore import QObject, Signal
 
-    import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug)
 
     class Emitter(QObject):
         stats = Signal(int, object)
-        finished = Signal(int, str, dict)
+        finished = Signal(int, str, object)
 
     return Emitter()
 
@@ -35,8 +34,8 @@ def make_cycle(i: int, depth: int, accepted: int, t: float = 0.02):
 
 @pytest.fixture
 def window(qtbot):
-    from app.dashboard import DashboardWindow
-    from app.dashboard_demo import DEMO_INFO
+    from app.dashboard.window import DashboardWindow
+    from app.dashboard.demo import DEMO_INFO
 
     w = DashboardWindow()
     qtbot.addWidget(w)
@@ -47,7 +46,7 @@ def window(qtbot):
 
 
 def test_stream_of_stats_updates_without_blocking(qtbot, window, emitter):
-    from app.dashboard import REFRESH_MS
+    from app.dashboard.window import REFRESH_MS
     from engine.types import PrefillStats
 
     emitter.stats.connect(window.on_stats)
@@ -88,7 +87,11 @@ def test_stream_of_stats_updates_without_blocking(qtbot, window, emitter):
     assert window.t_prefill.note.text() == "20 reused from cache"
     assert window.t_prefill.value.text() == "400 tok/s"  # (120 - 20) / 0.25
 
-    emitter.finished.emit(1, "stop", {"tokens": 1234})
+    from dataclasses import replace
+
+    from engine.summary import summarize
+
+    emitter.finished.emit(1, "stop", replace(summarize([]), tokens=1234, finish_reason="stop"))
     qtbot.waitUntil(lambda: window.status.text() == "idle", timeout=3000)
     assert "1234 tokens" in window.summary_label.text()
     assert window.gauge.value == pytest.approx(s.tps_instant)  # last value kept when idle
@@ -141,8 +144,8 @@ def test_tune_button_requests_and_cancels(qtbot, window):
 def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from app.dashboard import DashboardWindow
-    from app.dashboard_demo import DEMO_INFO, demo_tune_result
+    from app.dashboard.window import DashboardWindow
+    from app.dashboard.demo import DEMO_INFO, demo_tune_result
     from engine import store
 
     monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path))
@@ -160,8 +163,8 @@ def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
 
 
 def test_demo_feed_drives_the_window(qtbot):
-    from app.dashboard import DashboardWindow
-    from app.dashboard_demo import DemoFeed, demo_tune_result
+    from app.dashboard.window import DashboardWindow
+    from app.dashboard.demo import DemoFeed, demo_tune_result
     from engine.stats import StatsAggregator
 
     feed = DemoFeed(seed=1)
@@ -195,7 +198,8 @@ def test_grab_renders_every_chart(qtbot, window, emitter):
 def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
     """A tiny random model decoding with depth="auto": its real stats drive the window."""
     import engine
-    from app.dashboard import DashboardWindow
+    from app.dashboard.window import DashboardWindow
+    from engine.summary import ReplyTally
     from tests.tinymodels import build_tiny_model
 
     model = engine.load(build_tiny_model(tmp_path / "tiny", seed=5))
@@ -204,12 +208,14 @@ def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
     w.set_model_info(model.info)
     ids = model.chat_ids([{"role": "user", "content": "How do I use json.dumps?"}])
     reason = None
+    tally = ReplyTally()
     for ev in model.generate(ids, max_tokens=24, depth="auto"):
+        tally.add(ev)
         for obj in (ev.prefill, ev.stats):
             if obj is not None:
                 w.on_stats(7, obj)
         reason = ev.finish_reason or reason
-    w.on_finished(7, reason, {})
+    w.on_finished(7, reason, tally.summary())
     w.refresh()
     s = w.last_snapshot
     assert s.requests == 1 and s.cycles > 0 and s.ttft_s is not None

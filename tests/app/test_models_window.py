@@ -23,7 +23,7 @@ def make_window(qtbot, tmp_path):
     made = []
 
     def make(**kw):
-        from app.models_window import ModelsWindow
+        from app.models.window import ModelsWindow
 
         kw.setdefault("store", Store(tmp_path / "models"))
         kw.setdefault("total_memory", 16 * GiB)
@@ -221,16 +221,33 @@ def test_unfinished_download_is_resumed_when_the_window_opens(qtbot, fake, repos
     assert served[SHARD1] < len(repos["tiny/mtp"].files[SHARD1])
 
 
+def _shoot(w, path: Path) -> None:
+    """Grab ``w`` to ``path`` and check it is a real rendering of the window: its size, and
+    far more than a blank fill (a window that painted nothing grabs as one colour)."""
+    shot = w.grab()
+    assert shot.save(str(path))
+    img = shot.toImage()
+    dpr = img.devicePixelRatio()
+    assert (round(img.width() / dpr), round(img.height() / dpr)) == (w.width(), w.height())
+    small = img.scaled(96, 64)
+    colours = {small.pixel(x, y) for x in range(96) for y in range(64)}
+    assert len(colours) > 20, f"{path.name}: {len(colours)} colours"
+
+
 def test_screenshots(qtbot, fake, make_window, tmp_path):
-    """Renders the catalog and a download in progress (saved where MTPCHAT_SCREENSHOT_DIR says)."""
+    """Renders the catalog, a check and downloads in progress (saved where
+    MTPCHAT_SCREENSHOT_DIR says) and checks each shows what it is meant to."""
     out = Path(os.environ.get("MTPCHAT_SCREENSHOT_DIR") or tmp_path)
     w = make_window(total_memory=24 * GiB, free_space=lambda path: 80 * 10**9,
                     download_options={"tick_s": 0.1, "stall_after_s": 1.0})
     w.resize(1100, 560)
-    shot = w.grab()
-    assert shot.save(str(out / "models_catalog.png"))
+    w.show()
+    qtbot.waitExposed(w)
+    assert w.tabs.currentWidget() is w.catalog_panel and w.catalog_panel.isVisible()
+    _shoot(w, out / "models_catalog.png")
     _checked(qtbot, w, "tiny/no-mtp")
-    assert w.grab().save(str(out / "models_check.png"))
+    assert w.report_label.isVisible() and "tiny/no-mtp" in w.report_label.text()
+    _shoot(w, out / "models_check.png")
     fake.chunk_size = 8 * 1024
     fake.path_delay_s[SHARD1] = 0.05
     fake.path_delay_s["model-00002-of-00002.safetensors"] = 3.0
@@ -246,5 +263,8 @@ def test_screenshots(qtbot, fake, make_window, tmp_path):
     qtbot.waitUntil(lambda: running.last is not None and running.last.file == SHARD1
                     and running.last.fraction > 0.2, timeout=20_000)
     qtbot.wait(300)
-    assert w.grab().save(str(out / "models_downloads.png"))
+    rows = [w.rows[(repo, "main", None)] for repo in ("tiny/no-mtp", "tiny/gated", "tiny/mtp")]
+    assert all(r.isVisible() for r in rows)
+    assert "Paused" in rows[0].status.text() and SHARD1 in rows[2].status.text()
+    _shoot(w, out / "models_downloads.png")
     fake.path_delay_s.clear()

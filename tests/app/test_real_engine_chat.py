@@ -18,14 +18,14 @@ def tiny_dir(tmp_path_factory):
 def _chat(qtbot, tmp_path, model_dir, *, depth, max_tokens=12, timeout=120_000):
     from dataclasses import replace
 
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     w = MainWindow(model_path=str(model_dir), db_file=tmp_path / "db.sqlite")
     qtbot.addWidget(w)
     w.show()
-    qtbot.waitUntil(lambda: w.session.model_info is not None or w.banner.isVisibleTo(w),
+    qtbot.waitUntil(lambda: w.model.info is not None or w.banner.isVisibleTo(w),
                     timeout=timeout)
-    assert w.session.model_info is not None, w.banner.text()
+    assert w.model.info is not None, w.banner.text()
     settings = replace(w.session.settings_for(w.current_conv), max_tokens=max_tokens,
                        temperature=0.0, depth=depth)
     w.store.set_conversation_settings(w.current_conv, settings.to_dict())
@@ -45,15 +45,14 @@ def test_tiny_model_chat_through_the_worker(qtbot, tmp_path, tiny_dir):
         assert 1 <= stats["tokens"] <= 12 and stats["cycles"] >= 1
         assert stream.got_prefill and stream.cycles >= 1
         assert w.view.widgets[reply.id].content == reply.content
-        assert w.session.model_info.has_mtp
+        assert w.model.info.has_mtp
     finally:
         w.close()
 
 
 def test_demo_model_chat(qtbot, tmp_path):
     demo = default_model_path()
-    if not demo.is_dir():
-        pytest.skip(f"the embedded demo model is not built yet ({demo})")
+    assert (demo / "model.safetensors").is_file(), f"the embedded demo model is missing: {demo}"
     w, reply, _stream = _chat(qtbot, tmp_path, demo, depth="auto", max_tokens=24)
     try:
         assert reply.meta["status"] == "done", reply.meta

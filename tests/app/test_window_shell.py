@@ -6,7 +6,7 @@ pytestmark = pytest.mark.gui
 
 
 def test_main_window_opens_and_closes(qtbot):
-    from app.main_window import MainWindow
+    from app.chat.main_window import MainWindow
 
     w = MainWindow()
     qtbot.addWidget(w)

@@ -56,6 +56,34 @@ def test_load_error_message_is_passed_verbatim(qtbot):
         assert wt.shutdown()
 
 
+def test_failed_load_reloads_the_previous_model(qtbot):
+    from app.fake_engine import make_fake_loader
+    from app.worker import WorkerThread
+
+    good = make_fake_loader(FakeModel())
+    broken_too = []
+
+    def loader(path):
+        if path == "bad" or (path == "m" and broken_too):
+            raise ModelLoadError(f"cannot load {path}")
+        return good(path)
+
+    wt = WorkerThread(loader=loader)
+    relay = Relay(wt.worker)
+    try:
+        _load(qtbot, wt.worker, relay, "m")
+        with qtbot.waitSignal(relay.load_failed, timeout=5000) as blocker:
+            wt.worker.load_model("bad")
+        assert blocker.args == ["cannot load bad"]
+        assert wt.worker.model_info.path == "m" and "unloaded" not in relay.names()
+        broken_too.append(True)  # now the previous model cannot come back either
+        with qtbot.waitSignals([relay.unloaded, relay.load_failed], order="strict", timeout=5000):
+            wt.worker.load_model("bad")
+        assert wt.worker.model_info is None
+    finally:
+        assert wt.shutdown()
+
+
 def test_generate_signal_order_is_strict(qtbot, env):
     worker, fake, relay = env
     fake.script = "Hi"  # one token -> prefill stats, one cycle, finished
@@ -64,7 +92,7 @@ def test_generate_signal_order_is_strict(qtbot, env):
         lambda rid, obj: rid == 7 and isinstance(obj, PrefillStats),
         lambda rid, text, ids, flags: rid == 7 and text == "Hi" and len(ids) == 1 and len(flags) == 1,
         lambda rid, obj: rid == 7 and isinstance(obj, CycleStats) and obj.emitted == (100,),
-        lambda rid, reason, summary: rid == 7 and reason == "stop" and summary["tokens"] == 1,
+        lambda rid, reason, summary: rid == 7 and reason == "stop" and summary.tokens == 1,
     ]
     with qtbot.waitSignals([relay.stats, relay.delta, relay.stats, relay.finished],
                            order="strict", check_params_cbs=checks, timeout=5000):
@@ -82,9 +110,9 @@ def test_full_reply_streams_every_token_then_finishes(qtbot, env):
     _rid, reason, summary = blocker.args
     assert reason == "stop"
     cycles = [e[2] for e in relay.log if e[0] == "stats" and isinstance(e[2], CycleStats)]
-    assert summary["cycles"] == len(cycles) > 0
-    assert summary["tokens"] == sum(len(c.emitted) for c in cycles)
-    assert summary["tokens_per_cycle"] > 1.0  # the fake accepts drafts at depth 3
+    assert summary.cycles == len(cycles) > 0
+    assert summary.tokens == sum(len(c.emitted) for c in cycles)
+    assert summary.tokens_per_cycle > 1.0  # the fake accepts drafts at depth 3
     assert "failed" not in relay.names()
 
 
@@ -94,7 +122,7 @@ def test_max_tokens_gives_length(qtbot, env):
     with qtbot.waitSignal(relay.finished, timeout=5000) as blocker:
         worker.submit(_req(2, max_tokens=5, depth=0))
     assert blocker.args[1] == "length"
-    assert blocker.args[2]["tokens"] == 5
+    assert blocker.args[2].tokens == 5
 
 
 def test_stop_mid_stream_finishes_cancelled(qtbot, env):
@@ -109,7 +137,7 @@ def test_stop_mid_stream_finishes_cancelled(qtbot, env):
         worker.cancel(3)
     assert blocker.args[1] == "cancelled"
     assert time.monotonic() - t0 < 2.0
-    assert blocker.args[2]["tokens"] < 2000
+    assert blocker.args[2].tokens < 2000
 
 
 def test_cancel_before_start_finishes_cancelled_without_tokens(qtbot, env):
@@ -121,7 +149,7 @@ def test_cancel_before_start_finishes_cancelled_without_tokens(qtbot, env):
         worker.submit(_req(5, max_tokens=3))
         worker.cancel(5)
     finished = {e[1]: e for e in relay.log if e[0] == "finished"}
-    assert finished[5][2] == "cancelled" and finished[5][3]["tokens"] == 0
+    assert finished[5][2] == "cancelled" and finished[5][3].tokens == 0
     assert not [e for e in relay.log if e[0] == "delta" and e[1] == 5]
 
 
@@ -163,7 +191,7 @@ def test_template_opened_think_block_is_shown(qtbot, env):
         worker.submit(_req(11))
     deltas = [e[2] for e in relay.log if e[0] == "delta"]
     assert deltas[0] == "<think>\n"
-    assert blocker.args[2]["thinking_prefilled"] is True
+    assert blocker.args[2].finish_reason == "stop"  # (the prefilled "<think>" is no token)
 
 
 def test_tune_reports_progress_then_result(qtbot, env, monkeypatch):

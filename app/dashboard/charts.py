@@ -6,8 +6,6 @@ never computes statistics. Colours follow the palette (light or dark) via ``them
 from __future__ import annotations
 
 import math
-
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; before any Qt call)
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +16,8 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 GREEN, AMBER, RED = QColor("#22a565"), QColor("#e8a317"), QColor("#e0524a")
 BLUE, PURPLE, TEAL = QColor("#3b82f6"), QColor("#8b5cf6"), QColor("#14b8a6")
 GREY, PINK = QColor("#94a3b8"), QColor("#ec4899")
-PHASE_COLOURS = (PURPLE, BLUE, AMBER, TEAL, GREY)  # draft, verify, accept, commit, other
+# draft, verify, accept, commit, sync wait, other
+PHASE_COLOURS = (PURPLE, BLUE, AMBER, TEAL, PINK, GREY)
 
 
 @dataclass(frozen=True)
@@ -327,9 +326,11 @@ class BarChart(_Chart):
 
 
 class Waterfall(_Chart):
-    """Where a cycle's time goes: one row per phase, each starting where the last ended."""
+    """Where a cycle's time goes: one row per phase, each starting where the last ended.
+    Phases named in ``optional`` get no row while they take no time."""
 
     empty_text = "No decode cycles yet"
+    optional = ("sync wait", "other")
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent, min_height=130)
@@ -344,8 +345,8 @@ class Waterfall(_Chart):
 
     def draw(self, p, rect, th) -> None:
         total = sum(t for _, t in self.phases)
-        rows = [(n, t) for n, t in self.phases if t > 0 or n != "other"]
-        label_w, value_w = 62.0, 92.0
+        rows = [(n, t) for n, t in self.phases if t > 0 or n not in self.optional]
+        label_w, value_w = 70.0, 92.0
         plot = QRectF(rect.left() + label_w, rect.top() + 4,
                       rect.width() - label_w - value_w, rect.height() - 8)
         row_h = plot.height() / max(1, len(rows))

@@ -5,8 +5,9 @@
 - ``load_requested(str path)``: the user wants to chat with this model;
 - ``tune_requested(str path)``: the user wants the tuner to measure the best depth.
 
-Slots ``on_tune_progress(obj)``, ``on_tune_finished(obj)``, ``on_tune_failed(str)`` show the
-tuner's state. Downloads run on their own threads (``app.models_jobs``) and go on while the
+It is a ``TunerView`` (``on_tune_progress(done, total, message)``, ``on_tune_finished(result)``,
+``on_tune_failed(message)`` show the tuner's state) and follows the ``LoadedModel``
+(``set_loaded_model(info)``: the model in use is shown in bold). Downloads run on their own threads (``app.models.jobs``) and go on while the
 window is closed (closing only hides it); they stop, keeping what was fetched, when the app
 quits, and incomplete downloads found at start are resumed. Pre-checks run on the thread pool;
 nothing here blocks the UI on the network.
@@ -25,9 +26,9 @@ from PySide6.QtWidgets import (QAbstractItemView, QApplication, QComboBox, QFile
                                QMainWindow, QMessageBox, QProgressBar, QPushButton, QScrollArea,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from app.models_catalog import CatalogPanel
-from app.models_jobs import DownloadJob, run_in_pool
-from app.models_panels import (STYLE, VERDICT_COLORS, DownloadRow, convert_options, fmt_bytes,
+from app.models.catalog import CatalogPanel
+from app.models.jobs import DownloadJob, run_in_pool
+from app.models.panels import (STYLE, VERDICT_COLORS, DownloadRow, convert_options, fmt_bytes,
                                fmt_gib, report_html)
 from engine import hub
 from engine.errors import EngineError
@@ -59,6 +60,7 @@ class ModelsWindow(QMainWindow):
         self.jobs: dict[tuple, DownloadJob] = {}
         self.rows: dict[tuple, DownloadRow] = {}
         self.report: dict | None = None
+        self.loaded_path: str | None = None
         self._check_seq = 0
         self._relays: list = []
         self.tabs = QTabWidget(self)
@@ -371,9 +373,15 @@ class ModelsWindow(QMainWindow):
                      "-" if r.tuned_depth is None else str(r.tuned_depth),
                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
                      if r.last_used else "never")
+            in_use = self.loaded_path is not None and r.path == self.loaded_path
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(f"{r.path}\n{r.problem or ''}".strip())
+                item.setToolTip(f"{r.path}\n{r.problem or ''}".strip()
+                                + ("\nLoaded in the chat" if in_use else ""))
+                if in_use:
+                    font = item.font()
+                    font.setBold(True)
+                    item.setFont(font)
                 if col == 1 and r.status == "corrupt":
                     item.setForeground(Qt.GlobalColor.red)
                 t.setItem(i, col, item)
@@ -442,9 +450,14 @@ class ModelsWindow(QMainWindow):
             self.refresh_installed()
             self.refresh_catalog()
 
-    # tuner slots (connected by app.chat.aux_windows when present)
-    def on_tune_progress(self, obj) -> None:
-        self.tune_status.setText(str(getattr(obj, "message", "") or obj))
+    def set_loaded_model(self, info) -> None:
+        """The model the chat uses (a ``ModelInfo``, or None)."""
+        self.loaded_path = info.path if info is not None else None
+        self.refresh_installed()
+
+    # TunerView (driven by app.chat.aux_windows)
+    def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        self.tune_status.setText(f"Tuning {done}/{total}: {message}")
 
     def on_tune_finished(self, obj) -> None:
         depth = getattr(obj, "best_depth", None)

@@ -9,7 +9,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.models_panels import fmt_bytes, fmt_gib, verdict_chip
+from app.models.panels import fmt_bytes, fmt_gib, verdict_chip
 from engine.errors import EngineError
 
 CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")

@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton,
                                QVBoxLayout, QWidget)
 
-from app.models_jobs import DownloadJob
+from app.models.jobs import DownloadJob
 
 VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401",
                   "not enough memory": "#d93025", "not enough disk": "#d93025",

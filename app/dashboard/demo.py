@@ -1,4 +1,4 @@
-"""``python -m app.dashboard --demo``: the dashboard fed by a simulated MTP workload.
+"""A simulated MTP workload for the dashboard (``python -m app.dashboard --demo`` shows it).
 
 The simulation alternates in-domain replies (high acceptance) and out-of-domain ones (low),
 chooses depths with the real ``AdaptiveDepth`` controller, and times cycles with a cost model
@@ -8,16 +8,13 @@ are replayed instantly, then the stream continues in real time. Nothing here tou
 """
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; before any Qt call)
-
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Signal
 
 from engine.adaptive import AdaptiveDepth
-from engine.stats import MemorySample, StatsAggregator, read_memory
+from engine.stats import MemorySample, read_memory
+from engine.summary import ReplyTally
 from engine.types import CycleStats, Event, ModelInfo, PrefillStats
 
 IN_DOMAIN = (0.92, 0.84, 0.74)  # conditional acceptance by position
@@ -51,11 +48,11 @@ def simulated_cycle(rng, index: int, depth: int, profile, reason: str, ctx: int)
 
 
 class DemoFeed(QObject):
-    """Emits ``stats(request_id, obj)`` and ``finished(request_id, reason, summary)`` like the
-    app's worker, on a virtual clock (``clock()``)."""
+    """Emits ``stats(request_id, obj)`` and ``finished(request_id, reason, ReplySummary)`` like
+    the app's worker, on a virtual clock (``clock()``)."""
 
     stats = Signal(int, object)
-    finished = Signal(int, str, dict)
+    finished = Signal(int, str, object)
 
     def __init__(self, *, seed: int = 0) -> None:
         super().__init__()
@@ -68,6 +65,7 @@ class DemoFeed(QObject):
         self.ctx = 0
         self.idle_until = 0.0
         self.profile = IN_DOMAIN
+        self.tally = ReplyTally()
 
     def clock(self) -> float:
         return self.now
@@ -87,9 +85,11 @@ class DemoFeed(QObject):
             self.ctx = c.context_tokens
             self.remaining -= len(c.emitted)
             self.now += c.t_total
+            self.tally.add(Event(token_ids=c.emitted, stats=c))
             self.stats.emit(self.request, c)
             if self.remaining <= 0:
-                self.finished.emit(self.request, "stop", {})
+                self.tally.add(Event(token_ids=(), finish_reason="stop"))
+                self.finished.emit(self.request, "stop", self.tally.summary())
                 self.idle_until = self.now + self.rng.uniform(1.5, 4.0)
 
     def _start_reply(self) -> None:
@@ -102,7 +102,10 @@ class DemoFeed(QObject):
         self.now += seconds
         self.ctx, self.index = prompt, 0
         self.remaining = self.rng.randrange(180, 520)
-        self.stats.emit(self.request, PrefillStats(prompt, reused, seconds))
+        prefill = PrefillStats(prompt, reused, seconds)
+        self.tally = ReplyTally()
+        self.tally.add(Event(token_ids=(self.rng.randrange(1000),), prefill=prefill))
+        self.stats.emit(self.request, prefill)
 
 
 class SimulatedModel:
@@ -139,68 +142,3 @@ def demo_tune_result():
 def demo_memory(clock) -> MemorySample:
     rss = read_memory().rss_bytes
     return MemorySample(int(2.62e9 + 4e7 * (clock() % 7) / 7), int(2.91e9), rss, clock())
-
-
-def _dark_palette(app) -> None:
-    from PySide6.QtGui import QColor, QPalette
-
-    app.setStyle("Fusion")
-    pal = QPalette()
-    for role, colour in ((QPalette.ColorRole.Window, "#1e1f24"), (QPalette.ColorRole.Base, "#26272d"),
-                         (QPalette.ColorRole.AlternateBase, "#2c2d34"),
-                         (QPalette.ColorRole.WindowText, "#e6e6ea"), (QPalette.ColorRole.Text, "#e6e6ea"),
-                         (QPalette.ColorRole.Button, "#2c2d34"), (QPalette.ColorRole.ButtonText, "#e6e6ea"),
-                         (QPalette.ColorRole.Midlight, "#3a3b44"), (QPalette.ColorRole.Mid, "#3a3b44"),
-                         (QPalette.ColorRole.PlaceholderText, "#9a9ba5")):
-        pal.setColor(role, QColor(colour))
-    app.setPalette(pal)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from PySide6.QtWidgets import QApplication
-
-    from app.dashboard import DashboardWindow
-
-    ap = argparse.ArgumentParser(prog="python -m app.dashboard")
-    ap.add_argument("--demo", action="store_true", help="feed simulated statistics")
-    ap.add_argument("--history", type=float, default=150.0, help="simulated seconds replayed at start")
-    ap.add_argument("--dark", action="store_true", help="dark palette (Fusion style)")
-    ap.add_argument("--screenshot", default=None, help="save a PNG after --after seconds and quit")
-    ap.add_argument("--after", type=float, default=1.5)
-    ap.add_argument("--size", default=None, help="window size, e.g. 1100x760")
-    args = ap.parse_args(argv)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    if args.dark:
-        _dark_palette(app)
-    if not args.demo:
-        win = DashboardWindow()
-        win.show()
-        return app.exec()
-    feed = DemoFeed()
-    agg = StatsAggregator(clock=feed.clock, memory_probe=lambda: demo_memory(feed.clock))
-    win = DashboardWindow(aggregator=agg)
-    win.setWindowTitle(win.windowTitle() + " (demo data)")
-    if args.size:
-        w, h = (int(v) for v in args.size.lower().split("x"))
-        win.resize(w, h)
-    feed.stats.connect(win.on_stats)
-    feed.finished.connect(win.on_finished)
-    win.set_model_info(DEMO_INFO)
-    win.set_tuner_result(demo_tune_result())
-    feed.advance(args.history)
-    while feed.remaining <= 0:  # make sure a reply is streaming when the window opens
-        feed.advance(feed.now + 0.05)
-    win.show()
-    timer = QTimer(win)
-    timer.timeout.connect(lambda: feed.advance(feed.now + 0.03))
-    timer.start(30)
-    if args.screenshot:
-        def shoot() -> None:
-            if feed.remaining < 60:  # grab mid-reply, not in a pause between replies
-                QTimer.singleShot(100, shoot)
-                return
-            win.refresh()
-            win.grab().save(args.screenshot)
-            app.quit()
-        QTimer.singleShot(int(args.after * 1000), shoot)
-    return app.exec()

@@ -3,9 +3,18 @@
 Slots (connect the worker's signals to them):
 - ``on_stats(request_id, obj)``: ``obj`` is a ``PrefillStats`` or ``CycleStats``; it only goes
   into a ``StatsAggregator`` (microseconds), never straight to the screen.
-- ``on_finished(request_id, reason, summary)``: a reply ended.
-- ``on_tune_progress(done, total, message)``, ``on_tune_failed(message)``: the tuner's run.
-- ``set_model_info(info)``, ``set_tuner_result(result)`` (a ``TuneResult`` or its dict).
+- ``on_finished(request_id, reason, summary)``: a reply ended; ``summary`` is its
+  ``engine.summary.ReplySummary``.
+- ``on_tune_progress(done, total, message)``, ``on_tune_finished(result)``,
+  ``on_tune_failed(message)``: the tuner's run (a ``TunerView``).
+- ``set_model_info(info)`` (None: no model), ``set_tuner_result(result)`` (a ``TuneResult`` or
+  its dict).
+
+The reply's own figures (the header, the "At a glance" tokens and tokens per cycle) are read
+from a ``ReplySummary``: while a reply streams, one folded here by ``engine.summary.ReplyTally``
+from its stats; once it ends, the worker's, so they equal the chat's stats line. Session-wide
+figures (speed over time, acceptance by position, the waterfall) come from the
+``StatsAggregator``.
 
 Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button.
 
@@ -16,8 +25,7 @@ from __future__ import annotations
 
 import logging
 
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; before any Qt call)
-
+import psutil
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
@@ -25,18 +33,20 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-from app.charts import (
+from app.dashboard.charts import (
     AMBER, BLUE, GREEN, GREY, RED, BarChart, DepthChart, Gauge, LineChart, Meter, Waterfall,
     band_colour, fmt_bytes,
 )
+from engine import store
 from engine.stats import StatsAggregator, StatsSnapshot
-from engine.types import CycleStats, ModelInfo, PrefillStats
+from engine.summary import ReplySummary, ReplyTally
+from engine.types import CycleStats, Event, ModelInfo, PrefillStats
 
 log = logging.getLogger(__name__)
 
 REFRESH_MS = 300
 IDLE_REFRESH_MS = 2000
-PHASES = ("draft", "verify", "accept", "commit", "other")
+PHASES = ("draft", "verify", "accept", "commit", "sync wait", "other")
 CARD_STYLE = """
 QScrollArea, QWidget#content { background: palette(window); }
 QFrame#card { background: palette(base); border: 1px solid palette(midlight);
@@ -121,7 +131,9 @@ class DashboardWindow(QWidget):
         self.info: ModelInfo | None = None
         self.tuner: dict | None = None
         self.last_snapshot: StatsSnapshot | None = None
-        self.last_summary: dict | None = None
+        self.last_summary: ReplySummary | None = None
+        self._live: ReplyTally | None = None  # the reply streaming now
+        self._finished = (0, 0)  # (replies, tokens) of the session's finished replies
         self.request_id: int | None = None
         self.refreshes = 0
         self._dirty = True
@@ -161,7 +173,9 @@ class DashboardWindow(QWidget):
         grid.addWidget(card, 2, 0, 1, 4)
         self.acceptance = BarChart(ymax=1.0, bands=True)
         self.acceptance.empty_text = "No drafts yet"
-        card, _, self.acceptance_sub = _card("Acceptance by draft position", self.acceptance,
+        self.acceptance.setToolTip("Acceptance rate: drafts accepted at a position over drafts "
+                                   "made there (smoothed; below each bar, over the session).")
+        card, _, self.acceptance_sub = _card("Acceptance rate by draft position", self.acceptance,
                                              subtitle="smoothed")
         grid.addWidget(card, 2, 4, 1, 2)
         self.histogram = BarChart(fmt="{:.0%}", axis_fmt="{:.0%}")
@@ -238,7 +252,7 @@ class DashboardWindow(QWidget):
         row = QHBoxLayout()
         self.tuner_table = QTableWidget(0, 5)
         self.tuner_table.setHorizontalHeaderLabels(
-            ["Depth", "tok/s", "Speed-up", "Tokens/cycle", "Acceptance by position"])
+            ["Depth", "tok/s", "Speed-up", "Tokens/cycle", "Acceptance rate by position"])
         self.tuner_table.verticalHeader().setVisible(False)
         header = self.tuner_table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
@@ -271,21 +285,34 @@ class DashboardWindow(QWidget):
         try:
             if isinstance(obj, CycleStats):
                 self.aggregator.add_cycle(obj)  # (a request without a prefill starts here)
+                event = Event(token_ids=obj.emitted, stats=obj)
             elif isinstance(obj, PrefillStats):
                 self.aggregator.add_prefill(obj)
+                event = Event(token_ids=(), prefill=obj)
             else:
                 return
+            if self._live is None or request_id != self.request_id:
+                self._live = ReplyTally()
+            self._live.add(event)
             self.request_id = request_id
         except Exception:  # stats must never break the app
             log.exception("bad stats object %r", type(obj))
             return
         self._dirty = True
 
-    @Slot(int, str, dict)
-    def on_finished(self, request_id: int, reason: str, summary: dict) -> None:
-        mine = self.aggregator.finish(reason)
-        self.last_summary = {**mine, **(summary or {})}
+    @Slot(int, str, object)
+    def on_finished(self, request_id: int, reason: str, summary: ReplySummary) -> None:
+        self.aggregator.finish(reason)
+        self.last_summary = summary
+        self._live = None
+        replies, tokens = self._finished
+        self._finished = (replies + 1, tokens + summary.tokens)
         self._dirty = True
+
+    def reply_summary(self) -> ReplySummary | None:
+        """The reply the header and "At a glance" describe: the one streaming (as folded so
+        far; its first token arrives with the final summary), else the last one."""
+        return self._live.summary() if self._live is not None else self.last_summary
 
     @Slot(int, int, str)
     def on_tune_progress(self, done: int, total: int, message: str) -> None:
@@ -299,14 +326,20 @@ class DashboardWindow(QWidget):
         self.tuner_sub.setText("tuning failed")
         self.tuner_message.setText(message)
 
-    def set_model_info(self, info: ModelInfo) -> None:
+    def set_model_info(self, info: ModelInfo | None) -> None:
         """Show the model, and the tuner result saved for it on this machine (if any)."""
         self.info = info
+        self._dirty = True
+        if info is None:
+            self.model_label.setText("no model loaded")
+            return
         mtp = f"MTP depth ≤ {info.max_depth}" if info.has_mtp else "no MTP head"
         self.model_label.setText(f"{info.name} · {info.family} · {mtp}")
-        self._dirty = True
         if not self._tuning:
             self.set_tuner_result(_saved_tuning(info.path))
+
+    def on_tune_finished(self, result) -> None:
+        self.set_tuner_result(result)
 
     def set_tuner_result(self, result) -> None:
         """A ``TuneResult`` (or its ``to_dict()``, e.g. read back from the store); None clears."""
@@ -316,7 +349,8 @@ class DashboardWindow(QWidget):
 
     def clear(self) -> None:
         self.aggregator = StatsAggregator(self.aggregator.window_s)
-        self.last_summary = None
+        self.last_summary = self._live = None
+        self._finished = (0, 0)
         self._dirty = True
         self.refresh()
 
@@ -362,27 +396,30 @@ class DashboardWindow(QWidget):
         self.gauge_sub.setText("live" if live else "last reply")
         self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
                                reference=("5-min average", s.tps_window) if s.tps_window else None)
-        self.series_sub.setText(f"{s.tokens} tokens in {s.requests} replies")
-        if self.last_summary and not live:
-            m = self.last_summary
-            self.summary_label.setText(
-                f"last reply: {m.get('tokens', 0)} tokens, {m.get('tokens_per_second', 0):.1f} "
-                f"tok/s, {m.get('finish_reason', '')}")
+        replies, tokens = self._finished
+        if self._live is not None:
+            replies, tokens = replies + 1, tokens + len(self._live.token_ids)
+        self.series_sub.setText(f"{tokens} tokens in {replies} "
+                                f"{'reply' if replies == 1 else 'replies'}")
+        if not live and self.last_summary is not None:
+            self.summary_label.setText(reply_headline(self.last_summary))
 
     def _show_tiles(self, s: StatsSnapshot) -> None:
         self.t_ttft.set(f"{1000 * s.ttft_s:.0f} ms" if s.ttft_s is not None else "–",
                         f"{s.prompt_tokens} prompt tokens" if s.prompt_tokens else "")
         self.t_prefill.set(f"{s.prefill_tps:.0f} tok/s" if s.prefill_tps else "–",
                            f"{s.reused_tokens} reused from cache" if s.reused_tokens else "")
-        self.t_cycle.set(f"{s.tokens_per_cycle:.2f}" if s.cycles else "–",
-                         f"{s.accepted_mean:.2f} drafts accepted" if s.spec_cycles else "")
+        r = self.reply_summary()
+        self.t_cycle.set(f"{r.tokens_per_cycle:.2f}" if r and r.cycles else "–",
+                         f"{r.accepted_per_cycle:.2f} drafts accepted"
+                         if r and r.speculative_cycles else "")
         total = s.corrections + s.bonuses
         self.t_extra.set(f"{s.corrections} / {s.bonuses}" if total else "–",
                          f"{100 * s.bonuses / total:.0f}% all drafts kept" if total else "")
         last = s.depth_history[-1] if s.depth_history else None
         self.t_depth.set(str(s.current_depth) if s.current_depth is not None else "–",
                          last.reason if last and last.reason else "")
-        self.t_tokens.set(str(s.tokens), f"{s.cycles} cycles")
+        self.t_tokens.set(str(r.tokens) if r else "–", f"{r.cycles} cycles" if r else "")
         ctx = self.info.context_length if self.info else 0
         if ctx:
             frac = s.context_tokens / ctx
@@ -394,6 +431,10 @@ class DashboardWindow(QWidget):
     def _show_acceptance(self, s: StatsSnapshot) -> None:
         bars = [(f"D{p.position}", p.smoothed, band_colour(p.smoothed), f"overall {p.rate:.2f}")
                 for p in s.positions]
+        self.acceptance_sub.setToolTip("\n".join(
+            f"D{p.position}: acceptance rate {p.rate:.2f} · conditional acceptance "
+            f"{p.conditional:.2f} (accepted when D1..D{p.position - 1} were)"
+            for p in s.positions))
         self.acceptance.set_bars(bars)
         if s.positions:
             expected = 1 + sum(p.smoothed for p in s.positions)
@@ -407,13 +448,14 @@ class DashboardWindow(QWidget):
     def _show_cycle(self, s: StatsSnapshot) -> None:
         tr = s.time_recent
         self.waterfall.set_phases(list(zip(PHASES, (tr.draft, tr.verify, tr.accept, tr.commit,
-                                                    tr.other))))
+                                                    tr.sync, tr.other))))
         self.waterfall_sub.setText(f"recent cycles · {1000 * tr.total:.1f} ms each"
                                    if tr.total else "")
         self.waterfall.setToolTip(
             "Profiled: each phase synchronised on its own." if s.profiled else
-            "One sync per cycle: 'verify' includes the draft's compute and 'draft' is the host "
-            "time to build it. Turn on profiling for a true split.")
+            "One host sync per cycle: 'sync wait' is the wait for the device at that sync (work "
+            "queued by every phase finishes there); the other bars are host time. Turn on "
+            "profiling for a true split.")
         max_depth = self.info.max_depth if self.info and self.info.max_depth else 3
         self.depth_chart.set_points([(p.seq, p.depth, p.reason) for p in s.depth_history],
                                     max_depth=max_depth)
@@ -422,8 +464,6 @@ class DashboardWindow(QWidget):
                                else "")
 
     def _show_memory(self, s: StatsSnapshot) -> None:
-        import psutil
-
         m = s.memory
         vm = psutil.virtual_memory()
         total = vm.total
@@ -483,21 +523,19 @@ class DashboardWindow(QWidget):
         self.tuner_message.setText(t.get("message", ""))
 
 
+def reply_headline(m: ReplySummary | None) -> str:
+    """The header's line about the last reply (figures as in the chat's stats line)."""
+    if m is None:
+        return ""
+    acceptance = (f", acceptance rate {m.draft_acceptance:.0%}"
+                  if m.depth_max and m.draft_acceptance is not None else "")
+    return (f"last reply: {m.tokens} tokens, {m.tokens_per_s:.1f} tok/s{acceptance}, "
+            f"{m.finish_reason or ''}")
+
+
 def _saved_tuning(model_path: str) -> dict | None:
     try:
-        from engine import store
-
         return store.read_tuned(model_path)
     except Exception:  # a broken store file must not break the dashboard
         log.warning("could not read the saved tuning of %s", model_path, exc_info=True)
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from app.dashboard_demo import main as demo_main
-
-    return demo_main(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

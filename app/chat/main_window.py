@@ -1,7 +1,9 @@
 """The main chat window: sidebar | model picker + conversation + composer | chat settings.
 
-Wiring only: persistence and streaming live in ``app.chat.session.ChatSession``, the engine
-in ``app.worker.Worker`` (its own thread), rendering in ``app.chat.*`` widgets.
+Wiring only: conversation operations live in ``app.chat.conversations.Conversations``,
+streaming in ``app.chat.session.ChatSession``, the model every view shows in
+``app.loaded_model.LoadedModel``, the engine in ``app.worker.Worker`` (its own thread),
+rendering in ``app.chat.*`` widgets. The window shows dialogs and forwards their answers.
 Construct with ``loader`` (default ``engine.load``) and ``db_file`` to run over a fake engine or
 another database (tests, the bench); ``autoload=False`` skips loading a model at start.
 """
@@ -12,10 +14,12 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
+    QFileDialog,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -25,12 +29,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug)
 from app import __version__
 from app.chat.aux_windows import AuxWindows
 from app.chat.composer import Composer
-from app.chat.conversation_actions import ConversationActions
 from app.chat.conversation_view import ConversationView
+from app.chat.conversations import Conversations
+from app.chat.markdown import highlight_html
 from app.chat.model_picker import ModelPicker
 from app.chat.session import ChatSession
 from app.chat.settings import ChatSettings
@@ -38,16 +42,16 @@ from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, Defaults
 from app.chat.sidebar import Sidebar
 from app.chat.theme import apply_theme, current_colors, stylesheet
 from app.db import StoreNotice, open_chat_store
+from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
 from app.worker import Loader, WorkerThread
+from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
 
 def _warm_up_highlighter() -> None:
-    """Import Pygments and a lexer while idle, not in the middle of the first streamed reply."""
-    from app.chat.markdown import highlight_html
-
+    """Load a Pygments lexer while idle, not in the middle of the first streamed reply."""
     highlight_html("x = 1", "python", dark=False)
     _freeze_heap()
 
@@ -75,7 +79,7 @@ def _examples_for(info) -> tuple[str, list[str]]:
             "and little else. Try:", list(DEMO_EXAMPLES))
 
 
-class MainWindow(ConversationActions, QMainWindow):
+class MainWindow(QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
@@ -85,26 +89,29 @@ class MainWindow(ConversationActions, QMainWindow):
         self._restyling = False
         self.store, self.store_notice = open_chat_store(
             (lambda: Path(db_file)) if db_file else db_path)
-        self.store.purge_deleted()
-        self.store.mark_interrupted()
-        self.prefs = AppPreferences.from_dict(self.store.get_setting("preferences"))
+        self.conversations = Conversations(self.store)
+        self.prefs = AppPreferences.from_dict(self.conversations.preferences())
         self.worker_thread = WorkerThread(loader=loader)
         self.worker = self.worker_thread.worker
-        self.session = ChatSession(self.store, self.worker, self)
-        self.session.defaults = ChatSettings.from_dict(self.store.get_setting("defaults"))
-        self.current_conv: int | None = None
-        self._last_deleted: int | None = None
+        self.model = LoadedModel(self)
+        self.model.attach(self.worker)
+        self.session = ChatSession(self.conversations, self.worker, self.model, self)
         self._build_ui()
         self._build_menus()
         self._connect()
-        self.aux = AuxWindows(self, self.worker, on_load=self.load_model, on_tune=self.tune_model)
+        self.aux = AuxWindows(self, self.worker, self.model, on_load=self.load_model,
+                              on_tune=self.tune_model)
         self.apply_preferences(self.prefs)
         self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
-        self._open_initial_conversation()
+        self.open_conversation(self.conversations.start())
         if autoload:
             self.load_model(model_path or self._initial_model())
         QTimer.singleShot(200, _warm_up_highlighter)
+
+    @property
+    def current_conv(self) -> int | None:
+        return self.conversations.current
 
     # -- construction ----------------------------------------------------------------------
     def _build_ui(self) -> None:
@@ -189,10 +196,9 @@ class MainWindow(ConversationActions, QMainWindow):
         s.busy_changed.connect(self.on_busy_changed)
         s.conversations_changed.connect(self.refresh_sidebar)
         s.messages_changed.connect(self.on_messages_changed)
+        self.model.changed.connect(self.on_model_changed)
+        self.model.status_changed.connect(self.on_model_status)
         w = self.worker
-        w.loading.connect(self.on_loading)
-        w.loaded.connect(self.on_loaded)
-        w.load_failed.connect(self.on_load_failed)
         w.tune_progress.connect(self.on_tune_progress)
         w.tune_finished.connect(self.on_tune_finished)
         w.tune_failed.connect(self.on_tune_failed)
@@ -214,43 +220,98 @@ class MainWindow(ConversationActions, QMainWindow):
         self.settings_panel.reset_requested.connect(self.reset_chat_settings)
 
     def _initial_model(self) -> str:
-        last = self.store.get_setting("last_model")
+        last = self.conversations.last_model()
         if last and Path(last).exists():
             return last
         return str(default_model_path())
 
-    def _open_initial_conversation(self) -> None:
-        for c in self.store.conversations():
-            if not self.store.messages(c.id) and c.title == "New chat":
-                self.store.erase_conversation(c.id)  # empty leftovers of earlier sessions
-        convs = self.store.conversations()
-        self.open_conversation(convs[0].id if convs else self.session.new_conversation())
-
     # -- conversations -----------------------------------------------------------------------
     @Slot()
     def refresh_sidebar(self) -> None:
-        streaming = {st.conv_id for st in self.session.streams.values()}
-        convs = self.store.conversations(search=self.sidebar.search.text())
-        self.sidebar.set_conversations(convs, self.current_conv, streaming=streaming)
+        convs = self.conversations.listing(self.sidebar.search.text())
+        self.sidebar.set_conversations(convs, self.current_conv,
+                                       streaming=self.session.streaming_conversations())
 
     @Slot(int)
     def open_conversation(self, conv_id: int) -> None:
         if conv_id != self.current_conv:
             self.composer.cancel_edit()
-        self.current_conv = conv_id
+        self.conversations.current = conv_id
         self._reload_view()
-        self.settings_panel.form.set_settings(self.session.settings_for(conv_id))
+        self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
         self.refresh_sidebar()
         self._sync_composer()
 
     def _reload_view(self) -> None:
-        if self.current_conv is None:
+        conv = self.current_conv
+        if conv is None:
             self.view.show_conversation(None, [])
             return
-        live = {st.msg_id: (st.content, st.live_meta()) for st in self.session.streams.values()
-                if st.conv_id == self.current_conv}
-        self.view.show_conversation(self.current_conv, self.store.messages(self.current_conv), live)
+        self.view.show_conversation(conv, self.conversations.messages(conv),
+                                    self.session.live_messages(conv))
         self.view.update_actions(busy=self.session.busy)
+
+    def new_chat(self) -> None:
+        if not self.conversations.is_empty(self.current_conv):
+            self.open_conversation(self.session.new_conversation())
+        self.composer.edit.setFocus()
+
+    def ask_rename(self, conv_id: int) -> None:
+        conv = self.conversations.get(conv_id)
+        if conv is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
+        if ok and title.strip():
+            self.rename_conversation(conv_id, title.strip())
+
+    def rename_conversation(self, conv_id: int, title: str) -> None:
+        self.conversations.rename(conv_id, title)
+        self.refresh_sidebar()
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
+        self.session.stop_conversation(conv_id)
+        conv = self.conversations.delete(conv_id)
+        if conv is None:
+            return
+        self.sidebar.show_undo(conv.title)
+        if self.current_conv is None:
+            self.open_conversation(self.conversations.next_after_delete())
+        else:
+            self.refresh_sidebar()
+
+    def undo_delete(self) -> None:
+        cid = self.conversations.undo_delete()
+        if cid is not None:
+            self.sidebar.hide_undo()
+            self.open_conversation(cid)
+
+    def ask_export(self, conv_id: int, fmt: str) -> None:
+        name = self.conversations.export_name(conv_id, fmt)
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
+                                              if fmt == "md" else "JSON (*.json)")
+        if path:
+            self.export_conversation(conv_id, fmt, path)
+
+    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
+        out = self.conversations.export(conv_id, fmt, path)
+        self.statusBar().showMessage(f"Exported to {out}", 5000)
+        return out
+
+    def _export_current(self, fmt: str) -> None:
+        if self.current_conv is not None:
+            self.ask_export(self.current_conv, fmt)
+
+    def copy_chat(self) -> None:
+        """The whole open chat, as Markdown, to the clipboard."""
+        if self.conversations.get(self.current_conv) is None:
+            return
+        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current_conv, "md"))
+        self.statusBar().showMessage("Chat copied as Markdown", 3000)
+
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
 
     # -- sending, editing, stopping ----------------------------------------------------------
     def confirm(self, title: str, text: str) -> bool:
@@ -260,35 +321,36 @@ class MainWindow(ConversationActions, QMainWindow):
 
     @Slot(str)
     def on_send(self, text: str) -> None:
-        if self.current_conv is None or self.session.busy or self.session.model_info is None:
+        conv = self.current_conv
+        if conv is None or not self.session.can_reply():
             return
         editing = self.composer.editing_msg_id
         if editing is not None:
-            later = [m for m in self.store.messages(self.current_conv) if m.id > editing]
+            later = self.conversations.count_after(conv, editing)
             if later and not self.confirm(
                     "Resend edited message?",
-                    f"Sending replaces the original message and the {len(later)} message(s) after it."):
+                    f"Sending replaces the original message and the {later} message(s) after it."):
                 return
             self.composer.end_edit()
-            self.session.edit_and_resend(self.current_conv, editing, text)
+            self.session.edit_and_resend(conv, editing, text)
         else:
-            self.session.send(self.current_conv, text)
+            self.session.send(conv, text)
         self.composer.clear()
         self.view.scroll_to_bottom()
 
     def begin_edit(self, msg_id: int) -> None:
-        msg = self.store.message(msg_id)
-        if msg is not None and msg.role == "user" and not self.session.busy:
+        msg = self.conversations.editable(msg_id)
+        if msg is not None and not self.session.busy:
             self.composer.begin_edit(msg_id, msg.content)
 
     def regenerate(self, msg_id: int) -> None:
-        if self.current_conv is None or self.session.busy or self.session.model_info is None:
-            return
-        self.session.regenerate(self.current_conv, msg_id)
+        if self.current_conv is not None and self.session.can_reply():
+            self.session.regenerate(self.current_conv, msg_id)
 
     def stop(self) -> None:
         self.session.stop()
-        self._reload_if_current_streams()
+        for msg_id, (content, meta) in self.session.live_messages(self.current_conv).items():
+            self.view.update_message(msg_id, content, meta, final=False)
 
     def on_escape(self) -> None:
         if self.session.busy:
@@ -296,16 +358,9 @@ class MainWindow(ConversationActions, QMainWindow):
         elif self.composer.editing_msg_id is not None:
             self.composer.cancel_edit()
 
-    def _reload_if_current_streams(self) -> None:
-        for st in self.session.streams.values():
-            if st.conv_id == self.current_conv:
-                self.view.update_message(st.msg_id, st.content, st.live_meta(), final=False)
-
     @Slot(int, int)
     def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
-            return
-        if conv_id != self.current_conv:
+        if self._closed or conv_id != self.current_conv:  # (queued signals after shutdown)
             return
         st = self.session.stream_for_message(msg_id)
         if st is not None:
@@ -315,13 +370,12 @@ class MainWindow(ConversationActions, QMainWindow):
     def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
         if self._closed:  # queued signals can arrive after shutdown
             return
-        if conv_id == self.current_conv:
-            msg = self.store.message(msg_id)
-            if msg is not None:
-                self.view.update_message(msg_id, msg.content, msg.meta, final=True)
+        msg = self.conversations.message(msg_id)
+        if conv_id == self.current_conv and msg is not None:
+            self.view.update_message(msg_id, msg.content, msg.meta, final=True)
         if status == "error":
-            msg = self.store.message(msg_id)
-            self.statusBar().showMessage(f"The reply failed: {msg.meta.get('error') if msg else ''}", 10000)
+            error = msg.meta.get("error") if msg else ""
+            self.statusBar().showMessage(f"The reply failed: {error}", 10000)
         self.refresh_sidebar()
 
     @Slot(int)
@@ -338,14 +392,15 @@ class MainWindow(ConversationActions, QMainWindow):
         active = self.session.active_stream()
         here = active is not None and active.conv_id == self.current_conv
         hint = ""
-        if self.session.model_info is None:
-            hint = "No model is loaded." if not self.picker.progress.isVisible() else "Loading the model…"
+        if self.model.loading_path is not None:
+            hint = "Loading the model…"
+        elif self.model.info is None:
+            hint = "No model is loaded."
         elif active is not None and not here:
-            conv = self.store.conversation(active.conv_id)
-            title = conv.title if conv else "another chat"
+            title = self.conversations.title(active.conv_id)
             hint = f"A reply is being written in “{title}”. Press Esc to stop it."
-        self.composer.set_state(busy=here, can_send=self.session.model_info is not None
-                                and active is None, hint=hint)
+        self.composer.set_state(busy=here, can_send=self.model.ready and active is None,
+                                hint=hint)
 
     # -- models ------------------------------------------------------------------------------
     def load_model(self, path: str) -> None:
@@ -355,15 +410,11 @@ class MainWindow(ConversationActions, QMainWindow):
             msg = (f"The embedded demo model is missing ({path}). Build it with "
                    "`python -m engine train-demo`, or open a model with View › Models…"
                    if demo else f"Model folder not found: {path}")
-            self.on_load_failed(msg)
+            self.model.on_load_failed(msg)
             return
         if self.session.busy:
             self.session.stop()
-        self.session.model_info = None
-        self.view.set_examples("", [])
-        self.picker.set_loading(path, f"Loading {Path(path).name}…")
-        self.banner.hide()
-        self._sync_composer()
+        self.model.begin(path, f"Loading {Path(path).name}…")
         self.worker.load_model(path)
 
     def tune_model(self, path: str) -> None:
@@ -372,37 +423,33 @@ class MainWindow(ConversationActions, QMainWindow):
         self.statusBar().showMessage("Tuning the speculation depth…")
         self.worker.start_tune(path)
 
-    @Slot(str)
-    def on_loading(self, text: str) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
-            return
-        self.picker.status.setText(text)
-
     @Slot(object)
-    def on_loaded(self, info) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
+    def on_model_changed(self, info: ModelInfo | None) -> None:
+        if self._closed or info is None:  # (queued signals can arrive after shutdown)
             return
-        self.session.model_info = info
-        self.aux.model_info = info
         self.view.model_name = info.name
-        self.view.set_examples(*_examples_for(info))
-        self.picker.set_loaded(info)
         self.settings_panel.form.set_model_info(info)
-        self.store.set_setting("last_model", info.path)
-        self.banner.hide()
+        self.conversations.remember_model(info.path)
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
-        self._sync_composer()
         QTimer.singleShot(0, _freeze_heap)
 
-    @Slot(str)
-    def on_load_failed(self, message: str) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
+    @Slot()
+    def on_model_status(self) -> None:
+        """The picker, the banner, the example prompts and the composer follow the model."""
+        if self._closed:
             return
-        self.session.model_info = None
-        self.view.set_examples("", [])
-        self.picker.set_failed("Not loaded")
-        self.banner.setText(message)
-        self.banner.show()
+        m = self.model
+        if m.loading_path is not None:
+            self.picker.set_loading(m.loading_path, m.progress_text)
+            self.view.set_examples("", [])
+        elif m.info is not None:
+            self.picker.set_loaded(m.info)
+            self.view.set_examples(*_examples_for(m.info))
+        else:
+            self.picker.set_failed("Not loaded")
+            self.view.set_examples("", [])
+        self.banner.setText(m.error)
+        self.banner.setVisible(bool(m.error))
         self._sync_composer()
 
     @Slot(int, int, str)
@@ -427,19 +474,18 @@ class MainWindow(ConversationActions, QMainWindow):
     # -- settings and appearance ---------------------------------------------------------------
     def on_chat_settings_changed(self, settings: ChatSettings) -> None:
         if self.current_conv is not None:
-            self.store.set_conversation_settings(self.current_conv, settings.to_dict())
+            self.conversations.set_settings(self.current_conv, settings)
 
     def reset_chat_settings(self) -> None:
         if self.current_conv is not None:
-            self.store.set_conversation_settings(self.current_conv, self.session.defaults.to_dict())
-            self.settings_panel.form.set_settings(self.session.defaults)
+            self.settings_panel.form.set_settings(
+                self.conversations.reset_settings(self.current_conv))
 
     def open_defaults(self) -> None:
-        dlg = DefaultsDialog(self.session.defaults, self.prefs, self.session.model_info, self)
+        dlg = DefaultsDialog(self.conversations.defaults, self.prefs, self.model.info, self)
         if dlg.exec():
-            self.session.defaults = dlg.defaults()
-            self.store.set_setting("defaults", self.session.defaults.to_dict())
-            self.store.set_setting("preferences", dlg.preferences().__dict__)
+            self.conversations.set_defaults(dlg.defaults())
+            self.conversations.set_preferences(dlg.preferences().__dict__)
             self.apply_preferences(dlg.preferences())
 
     def apply_preferences(self, prefs: AppPreferences) -> None:
@@ -455,7 +501,7 @@ class MainWindow(ConversationActions, QMainWindow):
 
     def toggle_tint(self) -> None:
         prefs = AppPreferences(self.prefs.theme, self.prefs.font_size, self.tint_action.isChecked())
-        self.store.set_setting("preferences", prefs.__dict__)
+        self.conversations.set_preferences(prefs.__dict__)
         self.prefs = prefs
         self.view.tint = prefs.show_speculation
         self._reload_view()
@@ -519,5 +565,4 @@ class MainWindow(ConversationActions, QMainWindow):
         self.session.shutdown()
         self.worker_thread.shutdown()
         self.aux.close_all()
-        self.store.purge_deleted()
-        self.store.close()
+        self.conversations.close()

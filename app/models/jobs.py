@@ -17,17 +17,17 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThreadPool, Signal
 
-import app.qtfix  # noqa: F401  (PySide6 6.12.0 emit() refcount bug; must precede any emit)
+from app.errors import describe
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, EngineError):
-        return str(exc)
-    log.error("unexpected error in a model-manager task", exc_info=exc)
-    return f"Internal error: {type(exc).__name__}: {exc}"
+def _message(exc: BaseException) -> str:
+    """``describe(exc)``, with the traceback logged when it is not an engine error."""
+    if not isinstance(exc, EngineError):
+        log.error("unexpected error in a model-manager task", exc_info=exc)
+    return describe(exc)
 
 
 class DownloadJob(QObject):
@@ -80,9 +80,9 @@ class DownloadJob(QObject):
                           store=self.store, progress=self._on_progress, cancel=self._cancel,
                           **self.options)
         except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised in a thread
-            self._safe_emit2(self._ended, None, describe(exc))
+            _emit(self._ended, None, _message(exc))
             return
-        self._safe_emit2(self._ended, result, "")
+        _emit(self._ended, result, "")
 
     def _on_ended(self, result, error: str) -> None:
         # On the UI thread, so `state` changes exactly when the UI hears about it.
@@ -96,21 +96,7 @@ class DownloadJob(QObject):
 
     def _on_progress(self, p) -> None:
         self.last = p
-        self._safe_emit(self.progress, p)
-
-    @staticmethod
-    def _safe_emit(signal, value) -> None:
-        try:
-            signal.emit(value)
-        except RuntimeError:  # the window was deleted while the download ran
-            pass
-
-    @staticmethod
-    def _safe_emit2(signal, a, b) -> None:
-        try:
-            signal.emit(a, b)
-        except RuntimeError:
-            pass
+        _emit(self.progress, p)
 
 
 class _Relay(QObject):
@@ -129,7 +115,7 @@ def run_in_pool(fn: Callable[[], Any], *, on_done: Callable[[Any], None],
         try:
             value = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the UI
-            _emit(relay.error, describe(exc))
+            _emit(relay.error, _message(exc))
             return
         _emit(relay.done, value)
 
@@ -137,8 +123,8 @@ def run_in_pool(fn: Callable[[], Any], *, on_done: Callable[[Any], None],
     return relay
 
 
-def _emit(signal, value) -> None:
+def _emit(signal, *args) -> None:
     try:
-        signal.emit(value)
-    except RuntimeError:
+        signal.emit(*args)
+    except RuntimeError:  # the window was deleted while the thread ran
         pass

@@ -1,0 +1,179 @@
+"""The conversations controller: every conversation operation of the chat window, as plain
+logic over the ``ChatStore`` (no Qt). The window asks it and shows the answers.
+
+Contract
+--------
+- ``current`` is the conversation on screen (None only between a deletion and the next open).
+- ``start()`` prepares the store for a session (deleted conversations purged, replies left
+  streaming by a crash marked interrupted, empty "New chat" leftovers erased) and returns the
+  conversation to open: the most recent one, or a new one.
+- Deleting is soft and undoable until the next deletion (which makes the earlier one final)
+  or the end of the session (``close()`` purges).
+- Chat settings: ``defaults`` (app-wide, for new chats) and each conversation's own, read with
+  ``settings_for`` (missing keys fall back to the defaults).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.chat.export import to_json, to_markdown
+from app.chat.settings import ChatSettings
+from app.db import ChatStore, Conversation, Message
+
+NEW_TITLE = "New chat"
+
+
+def make_title(text: str, limit: int = 48) -> str:
+    """A conversation title from its first message: one line, at most ``limit`` characters."""
+    line = " ".join(text.strip().split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+class Conversations:
+    def __init__(self, store: ChatStore) -> None:
+        self.store = store
+        self.current: int | None = None
+        self.last_deleted: int | None = None
+        self.defaults = ChatSettings.from_dict(store.get_setting("defaults"))
+
+    # -- session -----------------------------------------------------------------------------
+    def start(self) -> int:
+        self.store.purge_deleted()
+        self.store.mark_interrupted()
+        for c in self.store.conversations():
+            if not self.store.messages(c.id) and c.title == NEW_TITLE:
+                self.store.erase_conversation(c.id)  # empty leftovers of earlier sessions
+        convs = self.store.conversations()
+        return convs[0].id if convs else self.create()
+
+    def close(self) -> None:
+        self.store.purge_deleted()
+        self.store.close()
+
+    # -- queries -----------------------------------------------------------------------------
+    def listing(self, search: str = "") -> list[Conversation]:
+        return self.store.conversations(search=search)
+
+    def get(self, conv_id: int | None) -> Conversation | None:
+        return self.store.conversation(conv_id) if conv_id is not None else None
+
+    def title(self, conv_id: int, fallback: str = "another chat") -> str:
+        conv = self.get(conv_id)
+        return conv.title if conv else fallback
+
+    def messages(self, conv_id: int | None = None) -> list[Message]:
+        conv_id = self.current if conv_id is None else conv_id
+        return self.store.messages(conv_id) if conv_id is not None else []
+
+    def message(self, msg_id: int) -> Message | None:
+        return self.store.message(msg_id)
+
+    def is_empty(self, conv_id: int | None) -> bool:
+        return conv_id is not None and not self.store.messages(conv_id)
+
+    def count_after(self, conv_id: int, msg_id: int) -> int:
+        """Messages after ``msg_id`` (what editing ``msg_id`` and resending replaces)."""
+        return sum(1 for m in self.store.messages(conv_id) if m.id > msg_id)
+
+    def editable(self, msg_id: int) -> Message | None:
+        msg = self.store.message(msg_id)
+        return msg if msg is not None and msg.role == "user" else None
+
+    # -- operations --------------------------------------------------------------------------
+    def create(self) -> int:
+        return self.store.create_conversation(settings=self.defaults.to_dict())
+
+    def rename(self, conv_id: int, title: str) -> None:
+        self.store.rename_conversation(conv_id, title)
+
+    def title_from(self, conv_id: int, text: str) -> None:
+        """Name a "New chat" after its first message."""
+        conv = self.get(conv_id)
+        if conv is not None and conv.title == NEW_TITLE:
+            self.store.rename_conversation(conv_id, make_title(text))
+
+    def delete(self, conv_id: int) -> Conversation | None:
+        """Soft-delete (undoable); an earlier undoable deletion becomes final. If it was the
+        current conversation, ``current`` becomes None: open ``next_after_delete()``."""
+        conv = self.get(conv_id)
+        if conv is None:
+            return None
+        self.store.purge_deleted()
+        self.store.delete_conversation(conv_id)
+        self.last_deleted = conv_id
+        if conv_id == self.current:
+            self.current = None
+        return conv
+
+    def next_after_delete(self) -> int:
+        rest = self.store.conversations()
+        return rest[0].id if rest else self.create()
+
+    def undo_delete(self) -> int | None:
+        """Bring the last deleted conversation back; returns its id (None if nothing to undo)."""
+        cid, self.last_deleted = self.last_deleted, None
+        if cid is not None:
+            self.store.undelete_conversation(cid)
+        return cid
+
+    def touch(self, conv_id: int) -> None:
+        self.store.touch(conv_id)
+
+    # -- messages (written by the chat session) -----------------------------------------------
+    def add_user_message(self, conv_id: int, text: str) -> int:
+        return self.store.add_message(conv_id, "user", text)
+
+    def add_reply(self, conv_id: int, meta: dict) -> int:
+        """An empty assistant message that a reply streams into."""
+        return self.store.add_message(conv_id, "assistant", "", meta=meta)
+
+    def save_reply(self, msg_id: int, content: str, meta: dict) -> None:
+        self.store.update_message(msg_id, content=content, meta=meta)
+
+    def truncate(self, conv_id: int, msg_id: int) -> None:
+        """Delete message ``msg_id`` and every later one."""
+        self.store.delete_messages_from(conv_id, msg_id)
+
+    # -- export ------------------------------------------------------------------------------
+    def export_text(self, conv_id: int, fmt: str) -> str:
+        conv = self.get(conv_id)
+        msgs = self.store.messages(conv_id)
+        return to_markdown(conv, msgs) if fmt == "md" else to_json(conv, msgs)
+
+    def export(self, conv_id: int, fmt: str, path: str | Path) -> Path:
+        out = Path(path)
+        out.write_text(self.export_text(conv_id, fmt), encoding="utf-8")
+        return out
+
+    def export_name(self, conv_id: int, fmt: str) -> str:
+        title = self.title(conv_id, "chat")
+        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in title).strip()
+        return f"{safe or 'chat'}.{'md' if fmt == 'md' else 'json'}"
+
+    # -- settings ----------------------------------------------------------------------------
+    def settings_for(self, conv_id: int) -> ChatSettings:
+        conv = self.get(conv_id)
+        return ChatSettings.from_dict(conv.settings if conv else None, base=self.defaults)
+
+    def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
+        self.store.set_conversation_settings(conv_id, settings.to_dict())
+
+    def reset_settings(self, conv_id: int) -> ChatSettings:
+        self.set_settings(conv_id, self.defaults)
+        return self.defaults
+
+    def set_defaults(self, defaults: ChatSettings) -> None:
+        self.defaults = defaults
+        self.store.set_setting("defaults", defaults.to_dict())
+
+    def preferences(self) -> dict | None:
+        return self.store.get_setting("preferences")
+
+    def set_preferences(self, prefs: dict) -> None:
+        self.store.set_setting("preferences", prefs)
+
+    def last_model(self) -> str | None:
+        return self.store.get_setting("last_model")
+
+    def remember_model(self, path: str) -> None:
+        self.store.set_setting("last_model", path)

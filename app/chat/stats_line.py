@@ -1,0 +1,83 @@
+"""The line under a reply: tok/s, time to first token, tokens, tokens per cycle, acceptance.
+
+Every figure is read from the reply's ``engine.summary.ReplySummary`` (live, from the worker's
+``finished``) or from what was persisted of it (``ReplySummary.to_dict()`` in the message's
+``meta["stats"]``); nothing is recomputed here. Rows written by older versions (keys
+``depth`` and ``acceptance_rate``) still read.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.summary import ReplySummary
+
+
+@dataclass(frozen=True)
+class ReplyFigures:
+    """The figures the line shows, whatever they were read from."""
+
+    tokens: int = 0
+    prompt_tokens: int = 0
+    tokens_per_s: float = 0.0
+    ttft_s: float | None = None
+    cycles: int = 0
+    tokens_per_cycle: float = 0.0
+    accepted_per_cycle: float = 0.0
+    depth_min: int = 0
+    depth_max: int = 0
+    draft_acceptance: float | None = None  # the acceptance rate: accepted / drafted
+
+    @classmethod
+    def of(cls, s: ReplySummary) -> ReplyFigures:
+        return cls(tokens=s.tokens, prompt_tokens=s.prompt_tokens, tokens_per_s=s.tokens_per_s,
+                   ttft_s=s.ttft_s if s.tokens else None, cycles=s.cycles,
+                   tokens_per_cycle=s.tokens_per_cycle, accepted_per_cycle=s.accepted_per_cycle,
+                   depth_min=s.depth_min, depth_max=s.depth_max,
+                   draft_acceptance=s.draft_acceptance)
+
+    @classmethod
+    def from_meta(cls, d: Mapping) -> ReplyFigures:
+        """A persisted summary: ``ReplySummary.to_dict()``, or an older row."""
+        depth_max = d.get("depth_max", d.get("depth", 0)) or 0
+        acceptance = d.get("draft_acceptance", d.get("acceptance_rate"))
+        return cls(tokens=d.get("tokens", 0) or 0, prompt_tokens=d.get("prompt_tokens", 0) or 0,
+                   tokens_per_s=d.get("tokens_per_s", 0.0) or 0.0, ttft_s=d.get("ttft_s"),
+                   cycles=d.get("cycles", 0) or 0,
+                   tokens_per_cycle=d.get("tokens_per_cycle", 0.0) or 0.0,
+                   accepted_per_cycle=d.get("accepted_per_cycle", 0.0) or 0.0,
+                   depth_min=d.get("depth_min") or depth_max, depth_max=depth_max,
+                   draft_acceptance=acceptance)
+
+
+def figures(summary: ReplySummary | Mapping | None) -> ReplyFigures | None:
+    if summary is None:
+        return None
+    if isinstance(summary, ReplySummary):
+        return ReplyFigures.of(summary)
+    return ReplyFigures.from_meta(summary) if summary else None
+
+
+def format_stats(summary: ReplySummary | Mapping | None) -> str:
+    """The line under a reply (empty when there is no summary)."""
+    f = figures(summary)
+    if f is None:
+        return ""
+    parts = []
+    if f.tokens_per_s:
+        parts.append(f"{f.tokens_per_s:.1f} tok/s")
+    if f.ttft_s is not None:
+        parts.append(f"TTFT {f.ttft_s:.2f} s")
+    out = f"{f.tokens} tokens"
+    parts.append(f"{out} (prompt {f.prompt_tokens})" if f.prompt_tokens else out)
+    if f.cycles:
+        if f.depth_max:
+            low = f.depth_min or f.depth_max
+            depths = f"depth {f.depth_max}" if low == f.depth_max else f"depths {low}–{f.depth_max}"
+            parts.append(f"{f.tokens_per_cycle:.2f} tok/cycle ({f.accepted_per_cycle:.2f} "
+                         f"accepted, {depths})")
+        else:
+            parts.append("no speculation")
+    if f.depth_max and f.draft_acceptance is not None:
+        parts.append(f"acceptance rate {f.draft_acceptance:.0%}")
+    return " · ".join(parts)
