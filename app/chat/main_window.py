@@ -128,6 +128,12 @@ class MainWindow(QMainWindow):
         self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.banner.setAccessibleName("Model message")
         self.banner.hide()
+        self.storage_banner = QLabel("", self)
+        self.storage_banner.setObjectName("errorText")
+        self.storage_banner.setWordWrap(True)
+        self.storage_banner.setAccessibleName("Chat storage message")
+        self.storage_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.storage_banner.hide()
         self.settings_button = QPushButton("Chat settings", self)
         self.settings_button.setCheckable(True)
         self.settings_button.setAccessibleName("Show chat settings")
@@ -141,6 +147,7 @@ class MainWindow(QMainWindow):
         header.addWidget(self.picker, 1)
         header.addWidget(self.settings_button)
         pl.addLayout(header)
+        pl.addWidget(self.storage_banner)
         pl.addWidget(self.banner)
         pl.addWidget(self.view, 1)
         pl.addWidget(self.composer)
@@ -196,6 +203,9 @@ class MainWindow(QMainWindow):
         s.busy_changed.connect(self.on_busy_changed)
         s.conversations_changed.connect(self.refresh_sidebar)
         s.messages_changed.connect(self.on_messages_changed)
+        s.storage_failed.connect(self.show_storage_message)
+        s.storage_recovered.connect(lambda: self.show_storage_message(
+            self.store_notice.message if self.store_notice else ""))
         self.model.changed.connect(self.on_model_changed)
         self.model.status_changed.connect(self.on_model_status)
         w = self.worker
@@ -331,10 +341,11 @@ class MainWindow(QMainWindow):
                     "Resend edited message?",
                     f"Sending replaces the original message and the {later} message(s) after it."):
                 return
+            if self.session.edit_and_resend(conv, editing, text) is None:
+                return  # not saved: the composer keeps the text (the banner says why)
             self.composer.end_edit()
-            self.session.edit_and_resend(conv, editing, text)
-        else:
-            self.session.send(conv, text)
+        elif self.session.send(conv, text) is None:
+            return
         self.composer.clear()
         self.view.scroll_to_bottom()
 
@@ -371,10 +382,13 @@ class MainWindow(QMainWindow):
         if self._closed:  # queued signals can arrive after shutdown
             return
         msg = self.conversations.message(msg_id)
-        if conv_id == self.current_conv and msg is not None:
-            self.view.update_message(msg_id, msg.content, msg.meta, final=True)
+        # A reply the disk had no room for is still in memory: show that, not the stale row.
+        content, meta = self.session.live_messages(conv_id).get(
+            msg_id, (msg.content, msg.meta) if msg is not None else (None, {}))
+        if conv_id == self.current_conv and content is not None:
+            self.view.update_message(msg_id, content, meta, final=True)
         if status == "error":
-            error = msg.meta.get("error") if msg else ""
+            error = meta.get("error", "")
             self.statusBar().showMessage(f"The reply failed: {error}", 10000)
         self.refresh_sidebar()
 
@@ -540,18 +554,18 @@ class MainWindow(QMainWindow):
         if notice is None:
             return
         log.warning("chat database: %s", notice.message)
-        self.storage_banner = QLabel(notice.message, self)
-        self.storage_banner.setObjectName("errorText")
-        self.storage_banner.setWordWrap(True)
-        self.storage_banner.setAccessibleName("Chat storage message")
-        self.storage_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        pane = self.banner.parentWidget().layout()
-        pane.insertWidget(pane.indexOf(self.banner), self.storage_banner)
+        self.show_storage_message(notice.message)
         if notice.kind == "recovered":
             box = QMessageBox(QMessageBox.Icon.Warning, "Chat history recovered", notice.message,
                               QMessageBox.StandardButton.Ok, self)
             box.setObjectName("storeNoticeDialog")
             QTimer.singleShot(0, box.open)
+
+    @Slot(str)
+    def show_storage_message(self, text: str) -> None:
+        """The chat-storage banner above the conversation (empty text hides it)."""
+        self.storage_banner.setText(text)
+        self.storage_banner.setVisible(bool(text))
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.shutdown()

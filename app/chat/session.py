@@ -13,10 +13,15 @@ Contract
 - A stream always writes into its own conversation, whatever conversation is on screen.
 - Only one request generates at a time (``busy``); a stopped one may still be finishing.
 - A finished reply's ``meta["stats"]`` is its ``ReplySummary.to_dict()``.
+- A save that fails (disk full, read-only, I/O error) loses nothing: the reply stays in
+  memory (``live_messages`` keeps showing it), ``storage_failed(message)`` is emitted once, and
+  the save is retried every ``RETRY_MS`` until it lands (then ``storage_recovered()``). A user
+  message that cannot be saved is not sent (``send`` returns None; the composer keeps it).
 """
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 
 TICK_MS = 40
 FLUSH_S = 0.5
+RETRY_MS = 2000
+STORAGE_ERRORS = (sqlite3.Error, OSError)
 _request_ids = count(1)
 
 
@@ -110,8 +117,11 @@ class Stream:
 
 class ChatSession(QObject):
     """Signals: ``stream_updated(conv_id, msg_id)``, ``stream_finished(conv_id, msg_id, status)``,
-    ``busy_changed(bool)``, ``conversations_changed()``, ``messages_changed(conv_id)``."""
+    ``busy_changed(bool)``, ``conversations_changed()``, ``messages_changed(conv_id)``,
+    ``storage_failed(message)``, ``storage_recovered()``."""
 
+    storage_failed = Signal(str)
+    storage_recovered = Signal()
     stream_updated = Signal(int, int)
     stream_finished = Signal(int, int, str)
     busy_changed = Signal(bool)
@@ -130,6 +140,11 @@ class ChatSession(QObject):
         self._timer = QTimer(self)
         self._timer.setInterval(TICK_MS)
         self._timer.timeout.connect(self.on_tick)
+        self.unsaved: dict[int, tuple[int, str, dict]] = {}  # msg_id -> (conv, text, meta)
+        self.storage_error: str | None = None
+        self._retry = QTimer(self)
+        self._retry.setInterval(RETRY_MS)
+        self._retry.timeout.connect(self.retry_saves)
         worker.delta.connect(self.on_delta)
         worker.stats.connect(self.on_stats)
         worker.finished.connect(self.on_finished)
@@ -157,8 +172,10 @@ class ChatSession(QObject):
 
     def live_messages(self, conv_id: int) -> dict[int, tuple[str, dict]]:
         """Replies of ``conv_id`` being written: msg_id -> (text so far, live meta)."""
-        return {s.msg_id: (s.content, s.live_meta()) for s in self.streams.values()
-                if s.conv_id == conv_id}
+        live = {m: (text, meta) for m, (c, text, meta) in self.unsaved.items() if c == conv_id}
+        live.update({s.msg_id: (s.content, s.live_meta()) for s in self.streams.values()
+                     if s.conv_id == conv_id})
+        return live
 
     def can_reply(self) -> bool:
         return not self.busy and self.model.ready
@@ -172,22 +189,33 @@ class ChatSession(QObject):
         self.conversations_changed.emit()
         return conv_id
 
-    def send(self, conv_id: int, text: str) -> int:
-        """Append a user message and start its reply; returns the request id."""
-        self.conversations.title_from(conv_id, text)
-        self.conversations.add_user_message(conv_id, text)
-        return self._start_reply(conv_id)
+    def send(self, conv_id: int, text: str) -> int | None:
+        """Append a user message and start its reply; returns the request id, or None when
+        the message could not be saved (``storage_failed`` says why)."""
+        def write() -> None:
+            self.conversations.title_from(conv_id, text)
+            self.conversations.add_user_message(conv_id, text)
+        return self._write_then_reply(conv_id, write)
 
-    def regenerate(self, conv_id: int, msg_id: int) -> int:
+    def regenerate(self, conv_id: int, msg_id: int) -> int | None:
         """Replace assistant message ``msg_id`` (and anything after it) with a new reply."""
-        self.conversations.truncate(conv_id, msg_id)
-        return self._start_reply(conv_id)
+        return self._write_then_reply(conv_id, lambda: self.conversations.truncate(conv_id, msg_id))
 
-    def edit_and_resend(self, conv_id: int, msg_id: int, text: str) -> int:
+    def edit_and_resend(self, conv_id: int, msg_id: int, text: str) -> int | None:
         """Replace user message ``msg_id`` by ``text``, drop every later message, reply again."""
-        self.conversations.truncate(conv_id, msg_id)
-        self.conversations.add_user_message(conv_id, text)
-        return self._start_reply(conv_id)
+        def write() -> None:
+            self.conversations.truncate(conv_id, msg_id)
+            self.conversations.add_user_message(conv_id, text)
+        return self._write_then_reply(conv_id, write)
+
+    def _write_then_reply(self, conv_id: int, write) -> int | None:
+        try:
+            write()
+            return self._start_reply(conv_id)
+        except STORAGE_ERRORS as exc:
+            self._storage_failed(exc)
+            self.messages_changed.emit(conv_id)
+            return None
 
     def stop_conversation(self, conv_id: int) -> None:
         """Stop the reply being written in ``conv_id`` (if any)."""
@@ -264,9 +292,41 @@ class ChatSession(QObject):
             self._timer.stop()
 
     def _flush(self, s: Stream) -> None:
-        self.conversations.save_reply(s.msg_id, s.content, s.live_meta())
+        self._save(s.conv_id, s.msg_id, s.content, s.live_meta())
         s.last_flush = time.monotonic()
         s.dirty = False
+
+    def _save(self, conv_id: int, msg_id: int, content: str, meta: dict) -> bool:
+        try:
+            self.conversations.save_reply(msg_id, content, meta)
+        except STORAGE_ERRORS as exc:
+            self.unsaved[msg_id] = (conv_id, content, dict(meta))
+            self._storage_failed(exc)
+            return False
+        self.unsaved.pop(msg_id, None)
+        return True
+
+    def _storage_failed(self, exc: BaseException) -> None:
+        log.error("cannot save the chat: %s", exc)
+        if self.storage_error is None:
+            self.storage_error = (
+                f"Chats cannot be saved right now ({exc}). Replies are kept in memory and "
+                "saved as soon as there is room: free some disk space.")
+            self.storage_failed.emit(self.storage_error)
+        if not self._retry.isActive():
+            self._retry.start()
+
+    @Slot()
+    def retry_saves(self) -> None:
+        """Try every reply that could not be saved again; all saved ends the failure."""
+        for msg_id, (conv_id, content, meta) in list(self.unsaved.items()):
+            if not self._save(conv_id, msg_id, content, meta):
+                return
+        self._retry.stop()
+        if self.storage_error is not None:
+            self.storage_error = None
+            log.info("chat saving works again")
+            self.storage_recovered.emit()
 
     @Slot(int, str, object)
     def on_finished(self, request_id: int, reason: str, summary: ReplySummary) -> None:
@@ -291,8 +351,11 @@ class ChatSession(QObject):
         self._finalize(s)
 
     def _finalize(self, s: Stream) -> None:
-        self._flush(s)
-        self.conversations.touch(s.conv_id)
+        if self._save(s.conv_id, s.msg_id, s.content, s.live_meta()):
+            try:
+                self.conversations.touch(s.conv_id)
+            except STORAGE_ERRORS as exc:
+                self._storage_failed(exc)
         self.stream_finished.emit(s.conv_id, s.msg_id, s.meta["status"])
         self.busy_changed.emit(self.busy)
         if not self.streams:
@@ -308,3 +371,7 @@ class ChatSession(QObject):
             self._flush(s)
         self.streams.clear()
         self._timer.stop()
+        self._retry.stop()
+        for msg_id, (_conv, content, _meta) in self.unsaved.items():
+            log.error("quitting with reply %s unsaved (%d characters): the disk stayed full",
+                      msg_id, len(content))
