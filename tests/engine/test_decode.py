@@ -10,17 +10,17 @@ import pytest
 
 import engine
 from engine import SamplingParams
-from engine.drafters import ReplayDrafter
+from engine import sampling
+from engine.drafters import DraftRequest, MTPDrafter, ReplayDrafter
 from engine.errors import GenerationError, PromptTooLongError
-from engine.runstats import RunSummary
 from engine.session import Session
-from engine.trunk import lm_head
+from engine.summary import ReplyTally
 
 
-def run(model, prompt, *, depth, max_tokens=37, fresh=True, **kw) -> RunSummary:
+def run(model, prompt, *, depth, max_tokens=37, fresh=True, **kw) -> ReplyTally:
     if fresh:
         model.reset_prompt_cache()
-    s = RunSummary()
+    s = ReplyTally()
     for ev in model.generate(prompt, max_tokens=max_tokens, depth=depth, **kw):
         s.add(ev)
     return s
@@ -72,13 +72,19 @@ def test_replay_of_target_argmax_is_always_accepted(tiny_model):
                 assert c.extra_kind in ("bonus", "none")
 
 
+def draft_one(session, x_next):
+    """The MTP head's greedy draft after ``x_next`` (one step)."""
+    request = DraftRequest(x0=x_next, k=1, generated=(), params=SamplingParams(), counts=None,
+                           key=sampling.make_key(0))
+    return MTPDrafter(session).draft(request).tokens
+
+
 def _fresh_logits_and_mtp(model, fed, x_next):
     """Plain re-computation over ``fed``: next-step trunk logits, and the MTP logits of the
     pair (h_last, x_next) from a freshly built MTP cache."""
     s = Session.fresh(model, use_mtp=True)
     s.prefill(list(fed))
-    drafts, _ = s.draft_mtp(x_next, 1, SamplingParams(), None, None)
-    return s.last_logits, drafts
+    return s.last_logits, draft_one(s, x_next)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -96,10 +102,7 @@ def test_rollback_state_matches_fresh_decode(tiny_model, depth):
             continue
         fresh_logits, fresh_draft = _fresh_logits_and_mtp(tiny_model, live.fed, x_next)
         np.testing.assert_allclose(np.array(live.last_logits), np.array(fresh_logits), atol=1e-4)
-        live_draft, _ = live.draft_mtp(x_next, 1, SamplingParams(), None, None)
-        live_mtp = lm_head(tiny_model.text_model, live.model.mtp(
-            live.last_hidden, tiny_model.text_model.model.embed_tokens(mx.array([[x_next]])),
-            live.mtp_cache))
+        live_draft = draft_one(live, x_next)
         assert live_draft.tolist() == fresh_draft.tolist()
         assert live.mtp_rows == len(live.fed)  # one row per committed pair + step-1 + probe
 
