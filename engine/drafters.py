@@ -26,6 +26,7 @@ from typing import Protocol
 import mlx.core as mx
 
 from engine import sampling
+from engine.errors import GenerationError
 from engine.types import DRAFT_MODES, DraftMode, SamplingParams
 
 
@@ -74,7 +75,7 @@ class MTPDrafter:
 
     def __init__(self, session, *, mode: DraftMode = "filtered") -> None:
         if mode not in DRAFT_MODES:
-            raise ValueError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, not {mode!r}")
+            raise GenerationError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, not {mode!r}")
         self.session = session
         self.mode = mode
 
