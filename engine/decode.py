@@ -28,7 +28,15 @@ from engine.drafters import Drafter, MTPDrafter
 from engine.errors import GenerationError, PromptTooLongError
 from engine.reply import Reply
 from engine.session import Session
-from engine.types import DRAFT_MODES, MAX_DEPTH, CycleStats, Event, PrefillStats, SamplingParams
+from engine.types import (
+    DRAFT_MODES,
+    MAX_DEPTH,
+    CycleStats,
+    DraftMode,
+    Event,
+    PrefillStats,
+    SamplingParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +94,7 @@ def check_request(model, prompt: list[int], *, max_tokens, depth, sampling, stop
 def generate(model, prompt_ids: Sequence[int], *, max_tokens: int, depth,
              sampling: SamplingParams, seed: int | None, cancel: threading.Event | None,
              stop_strings: tuple[str, ...], drafter: Drafter | None = None,
-             draft_mode: str = "filtered", profile: bool = False) -> Iterator[Event]:
+             draft_mode: DraftMode = "filtered", profile: bool = False) -> Iterator[Event]:
     """Check every argument now (raising ``GenerationError``), then return the event stream.
     ``drafter`` replaces the MTP head (e.g. ``ReplayDrafter``); ``draft_mode`` is the MTP
     head's draft policy (``engine.drafters``); ``profile`` synchronises after every phase."""
@@ -103,7 +111,7 @@ def generate(model, prompt_ids: Sequence[int], *, max_tokens: int, depth,
 
 
 def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingParams,
-            seed: int | None, drafter: Drafter | None, draft_mode: str,
+            seed: int | None, drafter: Drafter | None, draft_mode: DraftMode,
             profile: bool) -> Iterator[Event]:
     t_start = time.perf_counter()
     speculate = depth != 0 or drafter is not None

@@ -7,7 +7,6 @@ sampled from the MTP head's own distribution, then accepted/rejected) must fit i
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import mlx.core as mx
 import numpy as np
