@@ -260,15 +260,13 @@ class AdaptiveDepth:
                 "depth": self._incumbent, "epsilon": self.epsilon(), "cycles": self._cycles}
 
 
-def controller_for(owner: object, max_depth: int, *, initial: dict | None = None) -> AdaptiveDepth:
-    """The controller kept on ``owner`` (e.g. the ``Model``), so what it learnt carries from
-    one reply to the next: the warm-up runs once per model, and each later call starts a new
-    request (``new_request()``). ``initial`` (e.g. the tuner's ``adaptive_initial``) is used
-    only when the controller is created."""
-    ctrl = getattr(owner, "_adaptive_depth", None)
-    if not isinstance(ctrl, AdaptiveDepth) or ctrl.max_depth != max_depth:
-        ctrl = AdaptiveDepth(max_depth, initial=initial)
-        setattr(owner, "_adaptive_depth", ctrl)
-    else:
-        ctrl.new_request()
-    return ctrl
+def carry_over(current: AdaptiveDepth | None, max_depth: int, *,
+               initial: dict | None = None) -> AdaptiveDepth:
+    """The controller for the next reply: ``current`` again when it fits ``max_depth`` (what
+    it learnt carries over, so the warm-up runs once per model; a new request starts:
+    ``new_request()``), else a new one seeded with ``initial`` (e.g. the tuner's
+    ``adaptive_initial``). The owner (``Model.depth_controller``) keeps the result."""
+    if current is None or current.max_depth != max_depth:
+        return AdaptiveDepth(max_depth, initial=initial)
+    current.new_request()
+    return current

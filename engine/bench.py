@@ -10,8 +10,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from engine.runstats import RunSummary
-from engine.types import SamplingParams
+from engine.drafters import ReplayDrafter
+from engine.summary import ReplyTally, round_rates, summarize_cycles
+from engine.types import DraftMode, SamplingParams
 
 DEFAULT_PROMPTS = {
     "generic": ["Write a short story about a robot learning to paint.",
@@ -47,7 +48,7 @@ def mixed_prompt_sets(model, path: str | None, *, per_class: int = 6) -> dict[st
 @dataclass
 class Cell:
     tps: list[float] = field(default_factory=list)
-    summaries: list[RunSummary] = field(default_factory=list)
+    summaries: list[ReplyTally] = field(default_factory=list)
     peak_bytes: int = 0
 
 
@@ -70,10 +71,11 @@ def _mlx_lm_run(model, ids: list[int], max_tokens: int, params: SamplingParams) 
     return ((len(toks) - 1) / dt if dt > 0 and len(toks) > 1 else 0.0), toks
 
 
-def _engine_run(model, ids, depth, max_tokens, params, seed, drafter, profile) -> RunSummary:
-    s = RunSummary()
+def _engine_run(model, ids, depth, max_tokens, params, seed, drafter=None, profile=False,
+                draft_mode="filtered") -> ReplyTally:
+    s = ReplyTally()
     for ev in model.generate(ids, max_tokens=max_tokens, depth=depth, sampling=params,
-                             seed=seed, drafter=drafter, profile=profile):
+                             seed=seed, drafter=drafter, profile=profile, draft_mode=draft_mode):
         s.add(ev)
     return s
 
@@ -81,46 +83,56 @@ def _engine_run(model, ids, depth, max_tokens, params, seed, drafter, profile) -
 def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens: int,
               params: SamplingParams, repeats: int, chat: bool = True, replay: bool = False,
               profile: bool = False, include_mlx_lm: bool = True, seed: int = 0,
-              progress=None) -> dict:
-    """Returns {"classes": {cls: {label: {...}}}, "overall": {...}} with median tok/s."""
-    from engine.drafters import ReplayDrafter
-
+              draft_mode: DraftMode = "filtered", progress=None) -> dict:
+    """Returns {"classes": {cls: {label: {...}}}, ...} with median tok/s. ``draft_mode`` is
+    the MTP head's draft policy (``engine.drafters``)."""
     encoded = {c: [model.chat_ids([{"role": "user", "content": p}]) if chat else
                    list(model.tokenizer.encode(p, add_special_tokens=False)) for p in ps]
                for c, ps in prompts.items()}
     labels = (["mlx_lm"] if include_mlx_lm else []) + [str(d) for d in depths]
     cells = {c: {lab: Cell() for lab in labels} for c in encoded}
     # warm-up (compiles kernels, fills allocator caches)
-    first = next(iter(encoded.values()))[0]
-    _engine_run(model, first, 0, 8, params, seed, None, False)
+    _engine_run(model, next(iter(encoded.values()))[0], 0, 8, params, seed)
+    run = dict(max_tokens=max_tokens, params=params, seed=seed, replay=replay, profile=profile,
+               draft_mode=draft_mode)
     for rep in range(repeats):
         for cls, id_lists in encoded.items():
             for lab in labels:
+                cell = cells[cls][lab]
                 total_tok, total_s = 0, 0.0
                 for i, ids in enumerate(id_lists):
-                    model.reset_prompt_cache()
-                    mx.reset_peak_memory()
-                    if lab == "mlx_lm":
-                        tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
-                        total_tok += len(toks) - 1
-                        total_s += (len(toks) - 1) / tps if tps else 0.0
-                    else:
-                        depth = lab if lab == "auto" else int(lab)
-                        drafter = None
-                        if replay and depth != 0:
-                            ref = _engine_run(model, ids, 0, max_tokens, params, seed + i, None, False)
-                            model.reset_prompt_cache()
-                            drafter = ReplayDrafter(ref.token_ids)
-                        s = _engine_run(model, ids, depth, max_tokens, params, seed + i, drafter, profile)
-                        cells[cls][lab].summaries.append(s)
-                        total_tok += s.decode_tokens
-                        total_s += s.decode_seconds
-                    cells[cls][lab].peak_bytes = max(cells[cls][lab].peak_bytes, mx.get_peak_memory())
-                cells[cls][lab].tps.append(total_tok / total_s if total_s else 0.0)
+                    n, secs = _one(model, cell, lab, ids, i, **run)
+                    total_tok, total_s = total_tok + n, total_s + secs
+                cell.tps.append(total_tok / total_s if total_s else 0.0)
                 if progress:
-                    progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cells[cls][lab].tps[-1]:.1f} tok/s")
+                    progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cell.tps[-1]:.1f} tok/s")
     return {"classes": {c: _report(cells[c]) for c in cells}, "params": params.__dict__,
-            "max_tokens": max_tokens, "repeats": repeats, "replay": replay}
+            "max_tokens": max_tokens, "repeats": repeats, "replay": replay,
+            "draft_mode": draft_mode}
+
+
+def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, params, seed,
+         replay, profile, draft_mode) -> tuple[int, float]:
+    """One prompt under one decoder: (decode tokens, decode seconds)."""
+    model.reset_prompt_cache()
+    mx.reset_peak_memory()
+    if lab == "mlx_lm":
+        tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
+        n, secs = len(toks) - 1, (len(toks) - 1) / tps if tps else 0.0
+    else:
+        depth = lab if lab == "auto" else int(lab)
+        drafter = None
+        if replay and depth != 0:
+            ref = _engine_run(model, ids, 0, max_tokens, params, seed + i)
+            model.reset_prompt_cache()
+            drafter = ReplayDrafter(ref.token_ids)
+        t = _engine_run(model, ids, depth, max_tokens, params, seed + i, drafter, profile,
+                        draft_mode)
+        cell.summaries.append(t)
+        s = t.summary()
+        n, secs = s.decode_tokens, s.decode_s
+    cell.peak_bytes = max(cell.peak_bytes, mx.get_peak_memory())
+    return n, secs
 
 
 def _report(cells: dict[str, Cell]) -> dict:
@@ -132,22 +144,23 @@ def _report(cells: dict[str, Cell]) -> dict:
                "speedup_vs_depth0": round(med / base, 3) if base else None,
                "peak_memory_mib": round(cell.peak_bytes / 2**20, 2)}
         if cell.summaries:
-            merged = RunSummary()
-            for s in cell.summaries:
-                merged.cycles.extend(s.cycles)
-            d = merged.to_dict()["stats"]
-            row.update(acceptance_by_position=d["acceptance_by_position"],
-                       tokens_per_cycle=d["tokens_per_cycle"],
-                       host_syncs_per_cycle=d["host_syncs_per_cycle"])
-            spec = [c for c in merged.cycles if c.depth > 0]
-            if spec:
-                tot = sum(c.t_total for c in spec) or 1.0
-                row["time_share"] = {
-                    "draft": round(sum(c.t_draft for c in spec) / tot, 4),
-                    "verify": round(sum(c.t_verify for c in spec) / tot, 4),
-                    "accept": round(sum(c.t_accept for c in spec) / tot, 4),
-                    "commit": round(sum(c.t_commit for c in spec) / tot, 4)}
-            depths = [c.depth for c in merged.cycles]
-            row["mean_depth"] = round(sum(depths) / len(depths), 3) if depths else 0
+            row.update(_cycle_figures([c for t in cell.summaries for c in t.cycles]))
         out[lab] = row
+    return out
+
+
+def _cycle_figures(cycles: list) -> dict:
+    """Acceptance (both kinds), tokens per cycle, syncs, time shares and mean depth."""
+    s = summarize_cycles(cycles)
+    out = {"acceptance_rate_by_position": round_rates(p.rate for p in s.positions),
+           "conditional_acceptance_by_position": round_rates(p.conditional for p in s.positions),
+           "tokens_per_cycle": round(s.tokens_per_cycle, 4),
+           "host_syncs_per_cycle": s.host_syncs_per_cycle,
+           "mean_depth": round(sum(c.depth for c in cycles) / len(cycles), 3) if cycles else 0}
+    spec = [c for c in cycles if c.depth > 0]
+    if spec:
+        tot = sum(c.t_total for c in spec) or 1.0
+        out["time_share"] = {
+            phase: round(sum(getattr(c, f"t_{phase}") for c in spec) / tot, 4)
+            for phase in ("draft", "verify", "accept", "commit", "sync")}
     return out

@@ -1,74 +1,146 @@
 """``Model.generate``: plain decoding (depth 0) and MTP speculative decoding (depth k / auto).
 
-One speculative cycle (ARCHITECTURE.md): the MTP head drafts d1..dk from the pending token x0;
-ONE trunk forward verifies [x0, d1..dk] while capturing every Gated DeltaNet state; exact
-acceptance keeps n drafts plus a correction or bonus token; the commit trims attention KV,
-selects the captured GDN state at step n and queues the accepted MTP pairs. The cycle is built
-lazily and synchronised once. Depth never depends on the future, so output is exact.
+Request → checks (every argument, before anything reaches MLX) → a ``Session`` resumed from
+the prompt cache or freshly prefilled → the first token → decode loop → events. The reply
+(``engine.reply.Reply``) finishes and emits for both loops; the speculative loop runs the
+cycle functions of ``engine.cycle`` (draft → verify → accept → commit). Depth never depends on
+the future, so output is exact at every depth.
+
+Pipelining: at depth 0 the next step is queued before the current one is read (as mlx-lm
+does); speculatively, the next cycle's draft is launched before the current event is handed
+out. A launched draft that will not be verified (cancel, or the consumer closing the
+generator) is undone in a ``finally:``, so the state kept for the next turn is intact.
 """
 from __future__ import annotations
 
 import logging
+import numbers
 import random
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 
 import mlx.core as mx
 
-from engine import sampling
-from engine.detok import StreamingText
+from engine import cycle, sampling, store
+from engine.adaptive import AdaptiveDepth, carry_over
+from engine.drafters import Drafter, MTPDrafter
 from engine.errors import GenerationError, PromptTooLongError
-from engine.session import Session, Snapshot
-from engine.types import CycleStats, Event, PrefillStats, SamplingParams
+from engine.reply import Reply
+from engine.session import Session
+from engine.types import (
+    DRAFT_MODES,
+    MAX_DEPTH,
+    CycleStats,
+    DraftMode,
+    Event,
+    PrefillStats,
+    SamplingParams,
+)
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class PromptCache:
-    """Snapshots of a conversation's decode state (after the prompt, after the reply)."""
-
-    snapshots: list[Snapshot] = field(default_factory=list)
-
-    def take(self, prompt: list[int]) -> Snapshot | None:
-        best = None
-        for s in self.snapshots:
-            n = len(s.fed)
-            if n <= len(prompt) and tuple(prompt[:n]) == s.fed and n > 0:
-                if n == len(prompt) and s.last_logits is None:
-                    continue
-                if best is None or n > len(best.fed):
-                    best = s
-        # Snapshots share attention buffers: once one is resumed the others are stale.
-        self.snapshots = []
-        return best
+AUTO_MAX_DEPTH = 4  # the deepest draft ``depth="auto"`` considers
 
 
-def _check(model, prompt_ids: list[int], max_tokens: int, depth, drafter) -> int:
-    if not prompt_ids:
+def check_prompt(model, prompt_ids) -> list[int]:
+    """The prompt as a list of ints in ``0 <= id < vocab_size``, or a GenerationError."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise GenerationError("prompt_ids must be a sequence of token ids, not a string.")
+    ids = list(prompt_ids)
+    if not ids:
         raise GenerationError("The prompt is empty.")
-    ctx = model.info.context_length
-    if len(prompt_ids) >= ctx:
-        raise PromptTooLongError(
-            f"The prompt has {len(prompt_ids)} tokens but the model's context is {ctx}. "
-            "Shorten the conversation or start a new chat.")
-    if depth != "auto" and not (isinstance(depth, int) and 0 <= depth <= 6):
-        raise GenerationError(f"depth must be 0..6 or 'auto', not {depth!r}.")
+    vocab = model.info.vocab_size
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise GenerationError(f"prompt_ids[{i}] is not an integer token id: {t!r}")
+        if not 0 <= t < vocab:
+            raise GenerationError(
+                f"prompt_ids[{i}] = {t} is out of range: token ids go from 0 to {vocab - 1}.")
+    return [int(t) for t in ids]
+
+
+def check_request(model, prompt: list[int], *, max_tokens, depth, sampling, stop_strings,
+                  drafter, draft_mode) -> int:
+    """Validate the arguments of ``generate``; returns the token budget."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+        raise GenerationError(f"max_tokens must be an integer, not {max_tokens!r}")
+    if max_tokens < 1:
+        raise GenerationError(f"max_tokens must be at least 1, not {max_tokens}")
+    if not isinstance(sampling, SamplingParams):
+        raise GenerationError(f"sampling must be a SamplingParams, not {type(sampling).__name__}")
+    if isinstance(stop_strings, str) or not all(isinstance(s, str) for s in stop_strings):
+        raise GenerationError("stop_strings must be a list of strings (e.g. [\"\\n\\n\"]), "
+                              f"not {stop_strings!r}")
+    if draft_mode not in DRAFT_MODES:
+        raise GenerationError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, "
+                              f"not {draft_mode!r}")
+    if depth != "auto" and (isinstance(depth, bool) or not isinstance(depth, int)
+                            or not 0 <= depth <= MAX_DEPTH):
+        raise GenerationError(f"depth must be 0..{MAX_DEPTH} or 'auto', not {depth!r}.")
     if depth != 0 and drafter is None and model.mtp is None:
         raise GenerationError(
             "This model has no MTP head, so it cannot speculate: use depth 0. "
             "(Converters such as mlx_lm.convert drop mtp.* tensors; convert from the official "
             "Qwen repo with `python -m engine pull REPO --convert` to keep them.)")
-    if max_tokens < 1:
-        raise GenerationError("max_tokens must be at least 1.")
-    return min(max_tokens, ctx - len(prompt_ids))
+    ctx = model.info.context_length
+    if len(prompt) >= ctx:
+        raise PromptTooLongError(
+            f"The prompt has {len(prompt)} tokens but the model's context is {ctx}. "
+            "Shorten the conversation or start a new chat.")
+    return min(int(max_tokens), ctx - len(prompt))
+
+
+def generate(model, prompt_ids: Sequence[int], *, max_tokens: int, depth,
+             sampling: SamplingParams, seed: int | None, cancel: threading.Event | None,
+             stop_strings: tuple[str, ...], drafter: Drafter | None = None,
+             draft_mode: DraftMode = "filtered", profile: bool = False) -> Iterator[Event]:
+    """Check every argument now (raising ``GenerationError``), then return the event stream.
+    ``drafter`` replaces the MTP head (e.g. ``ReplayDrafter``); ``draft_mode`` is the MTP
+    head's draft policy (``engine.drafters``); ``profile`` synchronises after every phase."""
+    prompt = check_prompt(model, prompt_ids)
+    budget = check_request(model, prompt, max_tokens=max_tokens, depth=depth,
+                           sampling=sampling, stop_strings=stop_strings, drafter=drafter,
+                           draft_mode=draft_mode)
+    reply = Reply(tokenizer=model.tokenizer, eos=model.info.eos_token_ids, budget=budget,
+                  stop_strings=tuple(stop_strings), vocab_size=model.info.vocab_size,
+                  penalties=sampling.presence_penalty != 0 or sampling.frequency_penalty != 0,
+                  cancel=cancel)
+    return _stream(model, prompt, reply, depth=depth, params=sampling, seed=seed,
+                   drafter=drafter, draft_mode=draft_mode, profile=profile)
+
+
+def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingParams,
+            seed: int | None, drafter: Drafter | None, draft_mode: DraftMode,
+            profile: bool) -> Iterator[Event]:
+    t_start = time.perf_counter()
+    speculate = depth != 0 or drafter is not None
+    session, reused = _session_for(model, prompt, model.mtp is not None and drafter is None
+                                   and depth != 0)
+    if reused < len(prompt):
+        session.prefill(prompt[reused:])
+    keys = _keys(seed)
+    x0 = int(_pick(session.last_logits, params, reply.counts, next(keys)).item())
+    model.prompt_cache.keep(session.snapshot())
+    prefill = PrefillStats(prompt_tokens=len(prompt), reused_tokens=reused,
+                           seconds=time.perf_counter() - t_start)
+    first = reply.emit(*reply.cut([x0]), prefill=prefill)
+    try:
+        yield first
+        if first.finish_reason is None and not speculate:
+            yield from run_plain(session, reply, params, keys, x0)
+        elif first.finish_reason is None:
+            row = cycle.Row(session=session, reply=reply, params=params, keys=keys,
+                            drafter=drafter or MTPDrafter(session, mode=draft_mode))
+            controller = _controller(model, drafter) if depth == "auto" else None
+            yield from run_speculative(row, x0, depth, controller, profile=profile)
+    except GeneratorExit:  # the consumer closed the reply early: its state is still whole
+        model.prompt_cache.keep(session.snapshot())
+        raise
+    model.prompt_cache.keep(session.snapshot())
 
 
 def _session_for(model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]:
-    if model.prompt_cache is None:
-        model.prompt_cache = PromptCache()
     snap = model.prompt_cache.take(prompt)
     if snap is not None and (not use_mtp or snap.mtp_ok):
         return Session.from_snapshot(model, snap, use_mtp=use_mtp), len(snap.fed)
@@ -83,171 +155,91 @@ def _pick(logits: mx.array, params: SamplingParams, counts, key) -> mx.array:
     return sampling.sample(sampling.build_probs(logits, params, c), key)[0]
 
 
-def generate(model, prompt_ids: list[int], *, max_tokens: int, depth, sampling: SamplingParams,
-             seed: int | None, cancel: threading.Event | None, stop_strings: tuple[str, ...],
-             drafter=None, profile: bool = False) -> Iterator[Event]:
-    params = sampling
-    budget = _check(model, prompt_ids, max_tokens, depth, drafter)
-    use_mtp = model.mtp is not None and drafter is None and depth != 0
-    t_start = time.perf_counter()
-    session, reused = _session_for(model, prompt_ids, use_mtp)
-    if reused < len(prompt_ids):
-        session.prefill(prompt_ids[reused:])
-    key = _keys(seed)
-    penalties = params.presence_penalty != 0 or params.frequency_penalty != 0
-    counts = mx.zeros((model.info.vocab_size,), dtype=mx.float32) if penalties else None
-    x0 = int(_pick(session.last_logits, params, counts, next(key)).item())
-    model.prompt_cache.snapshots.append(session.snapshot())
-    prefill = PrefillStats(prompt_tokens=len(prompt_ids), reused_tokens=reused,
-                           seconds=time.perf_counter() - t_start)
-    eos = set(model.info.eos_token_ids)
-    stream = StreamingText(model.tokenizer, stop_strings, skip_ids=eos)
-    state = _Loop(model=model, session=session, params=params, key=key, counts=counts,
-                  stream=stream, eos=eos, budget=budget, cancel=cancel, profile=profile)
-    first = state.emit_first(x0, prefill)
-    yield first
-    if first.finish_reason is None:
-        if depth == 0 and drafter is None:
-            yield from state.run_plain(x0)
-        else:
-            yield from state.run_speculative(x0, depth, drafter)
-    model.prompt_cache.snapshots.append(session.snapshot())
-
-
-def _controller(model, drafter):
-    """One adaptive controller per model (or drafter), seeded from a saved tuning, so a new
-    reply does not pay the warm-up again."""
-    from engine.adaptive import controller_for
-
-    initial = None
-    try:
-        from engine import store
-
-        initial = (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
-    except Exception:  # noqa: BLE001 - a missing/corrupt tuning file only costs warm-up
-        log.debug("no saved tuning for %s", model.info.path, exc_info=True)
-    max_d = 4 if drafter is not None else min(model.info.max_depth or 3, 4)
-    return controller_for(model if drafter is None else drafter, max_d, initial=initial)
-
-
-def _keys(seed: int | None):
+def _keys(seed: int | None) -> Iterator[mx.array]:
     k = sampling.make_key(seed if seed is not None else random.getrandbits(62))
     while True:
         k, sub = sampling.split_key(k, 2)
         yield sub
 
 
-@dataclass
-class _Loop:
-    model: object
-    session: Session
-    params: SamplingParams
-    key: Iterator
-    counts: mx.array | None
-    stream: StreamingText
-    eos: set[int]
-    budget: int
-    cancel: threading.Event | None
-    profile: bool
-    generated: list[int] = field(default_factory=list)
-    cycle: int = 0
+def _controller(model, drafter: Drafter | None) -> AdaptiveDepth:
+    """The depth controller: the model's own for its MTP head (what it learnt carries from
+    one reply to the next, seeded from a saved tuning), a fresh one for a passed-in drafter."""
+    initial = None
+    try:
+        initial = (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
+    except Exception:  # noqa: BLE001 - a missing/corrupt tuning file only costs warm-up
+        log.debug("no saved tuning for %s", model.info.path, exc_info=True)
+    if drafter is not None:
+        return AdaptiveDepth(AUTO_MAX_DEPTH, initial=initial)
+    max_d = min(model.info.max_depth or 3, AUTO_MAX_DEPTH)
+    model.depth_controller = carry_over(model.depth_controller, max_d, initial=initial)
+    return model.depth_controller
 
-    def _finish_for(self, tokens: list[int]) -> tuple[list[int], str | None]:
-        for i, t in enumerate(tokens):
-            if t in self.eos:
-                return tokens[:i + 1], "stop"
-        if len(self.generated) + len(tokens) >= self.budget:
-            return tokens[: self.budget - len(self.generated)], "length"
-        return tokens, None
 
-    def _text(self, tokens: list[int], reason: str | None) -> tuple[str, str | None]:
-        text = self.stream.add(tokens)
-        if self.stream.stopped:
-            return text, "stop"
-        if reason is not None:
-            text += self.stream.flush()
-        return text, reason
-
-    def _count(self, tokens: list[int]) -> None:
-        if self.counts is not None and tokens:
-            self.counts = sampling.add_counts(self.counts, mx.array(tokens, dtype=mx.int32))
-
-    def emit_first(self, x0: int, prefill: PrefillStats) -> Event:
-        tokens, reason = self._finish_for([x0])
-        self.generated.extend(tokens)
-        self._count(tokens)
-        text, reason = self._text(tokens, reason)
-        return Event(token_ids=tuple(tokens), text=text, prefill=prefill, finish_reason=reason)
-
-    def _cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
-
-    def _cancel_event(self) -> Event:
-        return Event(token_ids=(), text=self.stream.flush(), finish_reason="cancelled")
-
-    def run_plain(self, x0: int) -> Iterator[Event]:
-        """Depth 0, pipelined like mlx-lm: the next step is queued before reading this one."""
-        s = self.session
-        s.mtp_ok = False  # plain steps keep no hiddens for the MTP cache
-        y = _pick(s.step_plain(mx.array([x0])), self.params, self.counts, next(self.key))
-        mx.async_eval(y)
-        s.fed.append(x0)
-        t_prev = time.perf_counter()
-        while True:
-            if self._cancelled():
-                yield self._cancel_event()
-                return
-            counts = self.counts
-            if counts is not None:
-                counts = sampling.add_counts(counts, y[None])
-            nxt = _pick(s.step_plain(y), self.params, counts, next(self.key))
-            mx.async_eval(nxt)
-            tok = int(y.item())
-            s.fed.append(tok)
-            self.counts = counts
-            tokens, reason = self._finish_for([tok])
-            self.generated.extend(tokens)
-            text, reason = self._text(tokens, reason)
-            now = time.perf_counter()
-            self.cycle += 1
-            stats = CycleStats(index=self.cycle, depth=0, drafted=(), accepted=0,
-                               emitted=tuple(tokens), from_draft=(False,) * len(tokens),
-                               extra_kind="plain", t_verify=now - t_prev, t_total=now - t_prev,
-                               context_tokens=len(s.fed), host_syncs=1)
-            t_prev = now
-            yield Event(token_ids=tuple(tokens), text=text, stats=stats, finish_reason=reason)
-            if reason is not None:
-                mx.eval(nxt)
-                return
-            y = nxt
-
-    def run_speculative(self, x0: int, depth, drafter) -> Iterator[Event]:
-        """Cycles overlap with the consumer: the next cycle's draft is launched before the
-        current event is handed out; a cancel in between undoes that draft."""
-        from engine.spec import abandon, complete, launch
-
-        controller = _controller(self.model, drafter) if depth == "auto" else None
-
-        def next_launch(x: int):
-            k, reason = controller.choose() if controller else (depth, "fixed")
-            k = max(0, min(int(k), self.budget - len(self.generated) - 1))
-            return launch(self, x, k, reason, drafter)
-
-        if self._cancelled():
-            yield self._cancel_event()
+def run_plain(session: Session, reply: Reply, params: SamplingParams,
+              keys: Iterator[mx.array], x0: int) -> Iterator[Event]:
+    """Depth 0, pipelined like mlx-lm: the next step is queued before reading this one. The
+    wait on reading it is the step's ``t_sync``; ``t_verify`` is the host time queuing."""
+    y = _pick(session.step_plain(mx.array([x0])), params, reply.counts, next(keys))
+    mx.async_eval(y)
+    session.confirm(x0)
+    t_prev = time.perf_counter()
+    while True:
+        if reply.cancelled:
+            yield reply.cancel_event()
             return
-        lc = next_launch(x0)
-        while True:
-            if lc is None or self._cancelled():
-                if lc is not None:
-                    abandon(self, lc)
-                yield self._cancel_event()
-                return
-            ev, x0 = complete(self, lc)
+        reply.count(y[None])
+        nxt = _pick(session.step_plain(y), params, reply.counts, next(keys))
+        mx.async_eval(nxt)
+        t_queued = time.perf_counter()
+        tok = int(y.item())
+        session.confirm(tok)
+        now = time.perf_counter()
+        tokens, reason = reply.cut([tok])
+        stats = CycleStats(
+            index=reply.next_cycle(), depth=0, drafted=(), accepted=0, emitted=tuple(tokens),
+            from_draft=(False,) * len(tokens), extra_kind="plain", t_verify=t_queued - t_prev,
+            t_sync=now - t_queued, t_total=now - t_prev, context_tokens=len(session.fed))
+        t_prev = now
+        ev = reply.emit(tokens, reason, stats=stats, counted=True)
+        yield ev
+        if ev.finish_reason is not None:
+            mx.eval(nxt)
+            return
+        y = nxt
+
+
+def run_speculative(row: cycle.Row, x0: int, depth, controller: AdaptiveDepth | None, *,
+                    profile: bool = False) -> Iterator[Event]:
+    """Cycles overlap with the consumer: the next cycle's draft is launched before the
+    current event is handed out; one that will not be verified is undone."""
+    reply = row.reply
+
+    def launch(x: int) -> cycle.Draft:
+        k, reason = controller.choose() if controller else (depth, "fixed")
+        k = max(0, min(int(k), reply.remaining - 1))
+        return cycle.draft(row, x, k, reason, profile=profile)
+
+    if reply.cancelled:
+        yield reply.cancel_event()
+        return
+    pending = launch(x0)
+    try:
+        while pending is not None and not reply.cancelled:
+            d, pending = pending, None
+            ev, x0 = cycle.complete(row, d, profile=profile)
             if controller is not None:
                 controller.observe(ev.stats)
             if ev.finish_reason is not None:
                 yield ev
                 return
-            lc = None if self._cancelled() else next_launch(x0)
+            pending = None if reply.cancelled else launch(x0)
             yield ev
+        if pending is not None:
+            cycle.undo(row, pending)
+            pending = None
+        yield reply.cancel_event()
+    finally:
+        if pending is not None:  # launched, never verified: the consumer closed the reply
+            cycle.undo(row, pending)

@@ -1,34 +1,136 @@
 """Drafters: who proposes the k tokens a cycle verifies.
 
-The MTP head is the product's drafter. ``ReplayDrafter`` proposes a known continuation (e.g.
-the depth-0 output for the same prompt), which measures the best-case speed of each depth on
-any model, MTP head or not. ``OracleDrafter``-style tests can subclass it.
+A ``Drafter`` answers ``draft(request)`` with a ``Proposal``: k draft tokens (an MLX array,
+possibly still lazy) and the distributions q they were sampled from (``None`` when each
+draft is deterministic, i.e. q is one-hot). Exactness needs only that the drafts really come
+from q (MTP_SPEC §5). ``undo(proposal)`` forgets a proposal whose cycle will never be
+verified (cancel, or a consumer closing the reply early).
+
+``MTPDrafter`` is the product's drafter: the model's own MTP head, through the ``Session``'s
+MTP cache. ``ReplayDrafter`` proposes a known continuation (e.g. the depth-0 output for the
+same prompt), which measures the best-case speed of each depth on any model, MTP head or not.
+
+Draft modes (``DraftMode``, the MTP drafter's policy at temperature > 0; every one is exact):
+``"filtered"`` (default) samples from the head's distribution under the target's own
+filters (top-k/top-p/min-p, penalties); ``"softmax"`` samples with temperature and penalties
+only (no sort); ``"argmax"`` takes the head's top token (q one-hot), the cheapest. Greedy
+decoding always drafts the argmax.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+import mlx.core as mx
+
+from engine import sampling
+from engine.errors import GenerationError
+from engine.types import DRAFT_MODES, DraftMode, SamplingParams
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What one row asks its drafter for: ``k`` tokens following ``x0`` (the pending token,
+    already emitted as the last of ``generated``)."""
+
+    x0: int
+    k: int
+    generated: Sequence[int]      # the tokens emitted so far in this reply
+    params: SamplingParams
+    counts: mx.array | None       # [V] penalty counts of ``generated`` (None: no penalties)
+    key: mx.array                 # this cycle's draft key
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: mx.array              # [k] int32 (lazy)
+    q: mx.array | None            # [k, V] draft distributions; None: deterministic drafts
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[0]
 
 
 class Drafter(Protocol):
-    uses_mtp: bool
+    def draft(self, request: DraftRequest) -> Proposal:
+        """Propose ``request.k`` (>= 1) tokens after ``request.x0``."""
+        ...
 
-    def propose(self, generated: list[int], k: int) -> list[int]:
-        """Up to k draft token ids following ``generated`` (the tokens emitted so far)."""
+    def undo(self, proposal: Proposal) -> None:
+        """Forget ``proposal``: its cycle will not be verified."""
         ...
 
 
+def _unfiltered(params: SamplingParams) -> SamplingParams:
+    return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
+
+
+class MTPDrafter:
+    """Drafts with the model's MTP head, recursively (MTP_SPEC §2): step 1 on the pair
+    (last trunk hidden, x0) — which also appends the pending committed pairs — and each later
+    step on the head's own output hidden and the previous draft. Each step adds a speculative
+    MTP row that ``Session.commit`` or ``undo`` removes."""
+
+    def __init__(self, session, *, mode: DraftMode = "filtered") -> None:
+        if mode not in DRAFT_MODES:
+            raise GenerationError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, not {mode!r}")
+        self.session = session
+        self.mode = mode
+
+    def draft(self, request: DraftRequest) -> Proposal:
+        s, params, counts, k = self.session, request.params, request.counts, request.k
+        out = s.mtp_first(request.x0)
+        drafts: list[mx.array] = []
+        qs: list[mx.array] = []
+        keys = sampling.split_key(request.key, k) if not params.greedy else [None] * k
+        for j in range(k):
+            logits = s.logits(out[:, -1])  # [1, V]
+            row_counts = None
+            if counts is not None:
+                row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
+                row_counts = row_counts[None]
+            d, q = self._pick(logits, params, row_counts, keys[j])
+            if q is not None:
+                qs.append(q)
+            drafts.append(d)
+            if j + 1 < k:
+                out = s.mtp_next(out, d)
+        return Proposal(tokens=mx.stack(drafts), q=mx.stack(qs) if qs else None)
+
+    def _pick(self, logits, params, row_counts, key) -> tuple[mx.array, mx.array | None]:
+        """One draft token (int32 scalar) and the q row it was sampled from (None: argmax)."""
+        if params.greedy or self.mode == "argmax":
+            d = sampling.argmax_tokens(logits, params, row_counts)
+            return d.reshape(()).astype(mx.int32), None
+        qp = params if self.mode == "filtered" else _unfiltered(params)
+        q = sampling.build_probs(logits, qp, row_counts)
+        d = sampling.sample(q, key)
+        return d.reshape(()).astype(mx.int32), q[0]
+
+    def undo(self, proposal: Proposal) -> None:
+        self.session.undo_draft(proposal.k)
+
+
 class ReplayDrafter:
-    """Replays ``continuation`` (argmax-style drafts: q is one-hot)."""
+    """Replays ``continuation`` (deterministic drafts: q is one-hot)."""
 
-    uses_mtp = False
-
-    def __init__(self, continuation: list[int]) -> None:
+    def __init__(self, continuation: Sequence[int]) -> None:
         self.continuation = list(continuation)
 
-    def propose(self, generated: list[int], k: int) -> list[int]:
+    def propose(self, generated: Sequence[int], k: int) -> list[int]:
+        """k draft ids following ``generated`` (the tokens emitted so far)."""
         n = len(generated)
-        if self.continuation[:n] != generated[:n]:
+        if self.continuation[:n] != list(generated[:n]):
             # Off the script: propose a token that is rarely right, still a valid draft.
             return [generated[-1]] * k if generated else [0] * k
         out = self.continuation[n:n + k]
         return out + [out[-1] if out else 0] * (k - len(out))
+
+    def draft(self, request: DraftRequest) -> Proposal:
+        ids = self.propose(request.generated, request.k)
+        return Proposal(tokens=mx.array(ids, dtype=mx.int32), q=None)
+
+    def undo(self, proposal: Proposal) -> None:
+        """Nothing to undo: replaying keeps no state."""

@@ -14,8 +14,9 @@ class UnsupportedModelError(ModelLoadError):
     """The model is readable but its architecture or a feature is not supported."""
 
 
-class GenerationError(EngineError):
-    """Generation could not run (prompt too long, depth not available...)."""
+class GenerationError(EngineError, ValueError):
+    """Generation could not run (bad arguments, prompt too long, depth not available...).
+    Also a ``ValueError``: most are invalid arguments."""
 
 
 class PromptTooLongError(GenerationError):

@@ -11,24 +11,31 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine import loading
+from engine import decode, loading
+from engine.adaptive import AdaptiveDepth
+from engine.drafters import Drafter
 from engine.errors import GenerationError, ModelLoadError, UnsupportedModelError
-from engine.types import Event, ModelInfo, SamplingParams
+from engine.session import PromptCache
+from engine.types import MAX_DEPTH, DraftMode, Event, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 
-MAX_DEPTH = 6
-
 
 class Model:
-    """A loaded model. Not thread-safe: one thread owns it (MLX streams are thread-local)."""
+    """A loaded model. Not thread-safe: one thread owns it (MLX streams are thread-local).
+
+    Besides the weights it keeps what carries from one reply to the next: ``prompt_cache``
+    (decode-state snapshots, so a follow-up turn does not prefill the conversation again) and
+    ``depth_controller`` (what ``depth="auto"`` has learnt; made by the first such reply).
+    """
 
     def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
         self.trunk = trunk            # mlx_lm.models.qwen3_5.Model
         self.mtp = mtp                # engine.mtp.MTPHead | None
         self.tokenizer = tokenizer
         self.info = info
-        self.prompt_cache = None      # engine.decode.PromptCache, created lazily
+        self.prompt_cache = PromptCache()
+        self.depth_controller: AdaptiveDepth | None = None
 
     @property
     def text_model(self):
@@ -51,16 +58,17 @@ class Model:
     def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
                  sampling: SamplingParams | None = None, seed: int | None = None,
                  cancel: threading.Event | None = None, stop_strings: tuple[str, ...] = (),
-                 drafter=None, profile: bool = False) -> Iterator[Event]:
-        """Stream events; see ``engine.decode.generate`` for the contract."""
-        from engine.decode import generate
-
-        return generate(self, list(prompt_ids), max_tokens=max_tokens, depth=depth,
-                        sampling=sampling or SamplingParams(), seed=seed, cancel=cancel,
-                        stop_strings=tuple(stop_strings), drafter=drafter, profile=profile)
+                 drafter: Drafter | None = None, draft_mode: DraftMode = "filtered",
+                 profile: bool = False) -> Iterator[Event]:
+        """Stream events; see ``engine.decode.generate`` for the contract. Every argument is
+        checked here, before anything reaches MLX: a bad one raises ``GenerationError``."""
+        return decode.generate(self, prompt_ids, max_tokens=max_tokens, depth=depth,
+                               sampling=SamplingParams() if sampling is None else sampling,
+                               seed=seed, cancel=cancel, stop_strings=stop_strings,
+                               drafter=drafter, draft_mode=draft_mode, profile=profile)
 
     def reset_prompt_cache(self) -> None:
-        self.prompt_cache = None
+        self.prompt_cache = PromptCache()
 
 
 def _build_trunk(cfg: loading.ModelConfig):

@@ -1,5 +1,9 @@
-"""The decode state of one conversation: trunk and MTP caches and the four steps of a
-speculative cycle (draft, verify, accept, commit), each a small function of its own.
+"""The decode state of one conversation: the trunk and MTP caches and their invariants.
+
+``Session`` owns the caches and the operations that keep them consistent (prefill, the MTP
+head's forwards and their undo, the verify forward, the commit of a verified cycle, a plain
+step); what to draft and what to keep is decided elsewhere (``engine.drafters``,
+``engine.cycle``). ``PromptCache`` keeps snapshots of sessions between replies.
 
 Invariants (MTP_SPEC §3): ``fed`` is every token the trunk has consumed; ``last_hidden`` is the
 trunk hidden (after the final norm) of the last fed token; the MTP cache holds one row per
@@ -8,24 +12,13 @@ committed pair (h_t, x_{t+1}) built from trunk hiddens, except the pairs still `
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine import sampling
 from engine.trunk import commit_captures, forward_hidden, lm_head, trim_attention
 
 PREFILL_CHUNK = 512
-# How drafts are drawn at temperature > 0 (any choice is exact: acceptance uses the q drawn
-# from). "filtered": the target's own filters; "softmax": temperature only, no sort;
-# "argmax": the MTP head's top token (q one-hot), cheapest.
-DRAFT_MODE = os.environ.get("MTPCHAT_DRAFT_MODE", "filtered")
-
-
-def _unfiltered(params):
-    return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
 
 
 @dataclass
@@ -154,40 +147,31 @@ class Session:
                 mx.eval([c.state for c in self.trunk_cache] + ([self.last_hidden]))
         self.last_logits = lm_head(tm, self.last_hidden[:, -1])
 
-    # -- one speculative cycle ----------------------------------------------------------
-    def draft_mtp(self, x0: int, k: int, params, counts, key) -> tuple[mx.array, mx.array | None]:
-        """Draft k tokens with the MTP head; returns (drafts [k], q [k, V] or None for greedy).
-        Step 1 also appends every pending committed pair (one MTP forward)."""
-        tm = self.model.text_model
-        embed = tm.model.embed_tokens
+    # -- the MTP head's forwards (what a drafter runs) ------------------------------------
+    def mtp_first(self, x0: int) -> mx.array:
+        """Draft step 1: one MTP forward over every pending committed pair plus the pair
+        (last_hidden, x0); returns the MTP hidden [1, 1, H] for x0. Adds one speculative row
+        (undone by ``undo_draft`` or ``commit``)."""
+        embed = self.model.text_model.model.embed_tokens
         hs = [self.last_hidden] if self.pending_h is None else [self.pending_h, self.last_hidden]
         hidden = mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0]
         toks = mx.array(self.pending_tok + [x0])[None]
         self.mtp_rows += len(self.pending_tok) + 1
         self.pending_h, self.pending_tok = None, []
-        out = self.model.mtp(hidden, embed(toks), self.mtp_cache)[:, -1:]
-        drafts, qs = [], []
-        keys = sampling.split_key(key, k) if not params.greedy else [None] * k
-        for j in range(k):
-            logits = lm_head(tm, out[:, -1])  # [1, V]
-            row_counts = None
-            if counts is not None:
-                row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
-                row_counts = row_counts[None]
-            if params.greedy or DRAFT_MODE == "argmax":
-                d = sampling.argmax_tokens(logits, params, row_counts)
-            else:
-                qp = params if DRAFT_MODE == "filtered" else _unfiltered(params)
-                q = sampling.build_probs(logits, qp, row_counts)
-                qs.append(q[0])
-                d = sampling.sample(q, keys[j])
-            drafts.append(d.reshape(()).astype(mx.int32))
-            if j + 1 < k:
-                out = self.model.mtp(out, embed(drafts[-1].reshape(1, 1)), self.mtp_cache)
-        return mx.stack(drafts), (mx.stack(qs) if qs else None)
+        return self.model.mtp(hidden, embed(toks), self.mtp_cache)[:, -1:]
+
+    def mtp_next(self, out: mx.array, token: mx.array) -> mx.array:
+        """Draft step j + 1: the MTP head on its own output hidden and the token drafted at
+        step j (MTP_SPEC §2); adds a speculative row."""
+        embed = self.model.text_model.model.embed_tokens
+        return self.model.mtp(out, embed(token.reshape(1, 1)), self.mtp_cache)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """The shared LM head on hidden states (trunk or MTP)."""
+        return lm_head(self.model.text_model, hidden)
 
     def undo_draft(self, k: int) -> None:
-        """Forget a draft_mtp(x0, k) whose cycle will not run: drop its k MTP rows (the
+        """Forget a k-step draft (``mtp_first`` + k - 1 ``mtp_next``) whose cycle will not run: drop its k MTP rows (the
         step-1 pair's x0 was never fed). The pending pairs it flushed stay committed."""
         trim_attention(self.mtp_cache, k)
         self.mtp_rows -= 1
@@ -219,7 +203,39 @@ class Session:
         self.last_hidden = ver.hidden[:, keep:keep + 1]
         self.last_logits = ver.logits[keep:keep + 1]
 
-    def step_plain(self, x0: mx.array) -> mx.array:
-        """Plain decoding: feed one token (lazy), return logits [1, V]."""
-        out = self.model.trunk(x0.reshape(1, 1), cache=self.trunk_cache)
-        return out[:, -1]
+    # -- plain decoding -------------------------------------------------------------------
+    def step_plain(self, x: mx.array) -> mx.array:
+        """Feed one token lazily (its value may not be known yet: ``confirm`` records it once
+        read) and return the next logits [1, V]. Plain steps keep no trunk hiddens, so the
+        MTP cache stops being in step with the trunk (``mtp_ok`` turns False)."""
+        self.mtp_ok = False
+        out = self.model.trunk(x.reshape(1, 1), cache=self.trunk_cache)
+        self.last_logits = out[:, -1]
+        return self.last_logits
+
+    def confirm(self, token: int) -> None:
+        """The value of the token the last ``step_plain`` fed."""
+        self.fed.append(token)
+
+
+@dataclass
+class PromptCache:
+    """Snapshots of a conversation's decode state (after the prompt, after the reply)."""
+
+    snapshots: list[Snapshot] = field(default_factory=list)
+
+    def keep(self, snap: Snapshot) -> None:
+        self.snapshots.append(snap)
+
+    def take(self, prompt: list[int]) -> Snapshot | None:
+        best = None
+        for s in self.snapshots:
+            n = len(s.fed)
+            if n <= len(prompt) and tuple(prompt[:n]) == s.fed and n > 0:
+                if n == len(prompt) and s.last_logits is None:
+                    continue
+                if best is None or n > len(best.fed):
+                    best = s
+        # Snapshots share attention buffers: once one is resumed the others are stale.
+        self.snapshots = []
+        return best

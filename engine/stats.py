@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.types import CycleStats, PrefillStats
+from engine.summary import PositionTally, ReplySummary, ReplyTally
+from engine.types import CycleStats, Event, PrefillStats
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,10 @@ SERIES_BUCKET_S = 1.0  # resolution of the tok/s time series
 
 @dataclass(frozen=True)
 class PositionStats:
-    """Acceptance at draft position ``position`` (1-based).
-
-    ``drafted``: cycles that drafted this position; ``reached``: those where every earlier
-    draft was accepted (so this one was really judged); ``accepted``: accepted here.
-    ``rate`` = accepted / drafted (the published per-position figure: expected tokens per
-    cycle = 1 + sum of rates); ``conditional`` = accepted / reached; ``smoothed`` is an
-    EWMA of the per-cycle accept indicator (weight ``SMOOTHING``, bias-corrected).
+    """Acceptance at draft position ``position`` (1-based): the counts and both rates of
+    ``engine.summary.PositionCounts`` (same definitions; 0.0 where it says None), plus
+    ``smoothed``, an EWMA of the per-cycle accept indicator (weight ``SMOOTHING``,
+    bias-corrected).
     """
 
     position: int
@@ -65,9 +63,22 @@ class TimeSplit:
     other: float = 0.0
     sync: float = 0.0
 
+    @classmethod
+    def of(cls, c: CycleStats) -> "TimeSplit":
+        named = c.t_draft + c.t_verify + c.t_accept + c.t_commit + c.t_sync
+        return cls(draft=c.t_draft, verify=c.t_verify, accept=c.t_accept, commit=c.t_commit,
+                   sync=c.t_sync, other=max(0.0, c.t_total - named))
+
+    def plus(self, other: "TimeSplit", scale: float = 1.0) -> "TimeSplit":
+        """``self + scale * other``, phase by phase."""
+        return TimeSplit(**{f: getattr(self, f) + scale * getattr(other, f) for f in _PHASES})
+
     @property
     def total(self) -> float:
         return self.draft + self.verify + self.accept + self.commit + self.sync + self.other
+
+
+_PHASES = ("draft", "verify", "accept", "commit", "other", "sync")
 
 
 @dataclass(frozen=True)
@@ -160,19 +171,6 @@ class _Ewma:
         return self.num / self.den if self.den > 0 else 0.0
 
 
-class _Request:
-    """Per-request totals, for the summary ``finish`` returns."""
-
-    def __init__(self) -> None:
-        self.prefill: PrefillStats | None = None
-        self.cycles = 0
-        self.tokens = 0
-        self.seconds = 0.0
-        self.accepted = 0
-        self.spec_cycles = 0
-        self.drafted = 0
-
-
 class StatsAggregator:
     """Aggregates one session's prefills and decode cycles.
 
@@ -194,7 +192,9 @@ class StatsAggregator:
         self._requests = 0
         self._active = False
         self._last_reason: str | None = None
-        self._req = _Request()
+        self._req = ReplyTally()
+        self._req_prefill: PrefillStats | None = None
+        self.last_reply: ReplySummary | None = None  # the last finished request's summary
         self._prefill: PrefillStats | None = None
         self._cycles = 0
         self._tokens = 0
@@ -204,15 +204,13 @@ class StatsAggregator:
         self._win_tokens = 0
         self._win_seconds = 0.0
         self._buckets: deque[list] = deque()  # [bucket index, tokens, seconds]
-        self._drafted: list[int] = []
-        self._reached: list[int] = []
-        self._accepted: list[int] = []
+        self._positions = PositionTally()
         self._smooth: list[_Ewma] = []
         self._hist: list[int] = []
         self._spec_cycles = 0
         self._accepted_sum = 0
         self._kinds = {"correction": 0, "bonus": 0, "plain": 0, "none": 0}
-        self._split = [0.0] * 5
+        self._split = TimeSplit()
         self._context = 0
         self._depths: deque[DepthPoint] = deque(maxlen=DEPTH_HISTORY)
 
@@ -220,8 +218,8 @@ class StatsAggregator:
     def add_prefill(self, stats: PrefillStats) -> None:
         """Start a request (a request without a prefill is started by its first cycle)."""
         self._begin()
-        self._prefill = stats
-        self._req.prefill = stats
+        self._prefill = self._req_prefill = stats
+        self._req.add(Event(token_ids=(), prefill=stats))
         self._context = stats.prompt_tokens
         self._maybe_sample_memory()
 
@@ -237,46 +235,41 @@ class StatsAggregator:
         self._add_window(now, n, stats.t_total)
         self._add_acceptance(stats)
         self._kinds[stats.extra_kind] = self._kinds.get(stats.extra_kind, 0) + 1
-        phases = (stats.t_draft, stats.t_verify, stats.t_accept, stats.t_commit)
-        for i, t in enumerate(phases):
-            self._split[i] += t
-        self._split[4] += max(0.0, stats.t_total - sum(phases))
+        self._split = self._split.plus(TimeSplit.of(stats))
         self._context = stats.context_tokens or self._context
         self._depths.append(DepthPoint(self._cycles - 1, stats.depth, stats.depth_reason))
-        r = self._req
-        r.cycles += 1
-        r.tokens += n
-        r.seconds += stats.t_total
-        if stats.drafted:
-            r.spec_cycles += 1
-            r.accepted += stats.accepted
-            r.drafted += len(stats.drafted)
+        self._req.add(Event(token_ids=(), stats=stats))
         self._maybe_sample_memory(now)
 
     def finish(self, reason: str) -> dict:
-        """End the current request; returns its summary (tokens, tok/s, TTFT, ...)."""
-        r = self._req
+        """End the current request; returns its figures (tokens, tok/s, TTFT, ...), computed
+        by ``engine.summary`` from the cycles seen (``last_reply`` keeps the summary itself;
+        ``tokens`` here are the decode cycles' tokens)."""
+        r = self._req.summary()
+        self.last_reply = r
         self._active = False
         self._last_reason = reason
         self._maybe_sample_memory()
+        p = self._req_prefill
         return {
             "finish_reason": reason,
-            "tokens": r.tokens,
+            "tokens": r.decode_tokens,
             "cycles": r.cycles,
-            "decode_seconds": r.seconds,
-            "tokens_per_second": r.tokens / r.seconds if r.seconds > 0 else 0.0,
-            "ttft_s": r.prefill.seconds if r.prefill else None,
-            "prompt_tokens": r.prefill.prompt_tokens if r.prefill else 0,
-            "prefill_tps": r.prefill.tokens_per_second if r.prefill else None,
-            "tokens_per_cycle": r.tokens / r.cycles if r.cycles else 0.0,
-            "accepted_per_cycle": r.accepted / r.spec_cycles if r.spec_cycles else 0.0,
-            "acceptance": r.accepted / r.drafted if r.drafted else None,
+            "decode_seconds": r.decode_s,
+            "tokens_per_second": r.tokens_per_s,
+            "ttft_s": p.seconds if p else None,
+            "prompt_tokens": r.prompt_tokens,
+            "prefill_tps": p.tokens_per_second if p else None,
+            "tokens_per_cycle": r.tokens_per_cycle,
+            "accepted_per_cycle": r.accepted_per_cycle,
+            "acceptance": r.draft_acceptance,
         }
 
     def _begin(self) -> None:
         self._requests += 1
         self._active = True
-        self._req = _Request()
+        self._req = ReplyTally()
+        self._req_prefill = None
 
     def _add_window(self, now: float, n: int, t: float) -> None:
         self._window.append((now, n, t))
@@ -306,20 +299,14 @@ class StatsAggregator:
         k = len(stats.drafted)
         if k == 0:
             return
-        while len(self._drafted) < k:
-            for lst in (self._drafted, self._reached, self._accepted):
-                lst.append(0)
+        self._positions.add(stats)
+        while len(self._smooth) < k:
             self._smooth.append(_Ewma(SMOOTHING))
         while len(self._hist) < k + 1:
             self._hist.append(0)
         a = min(stats.accepted, k)
         for i in range(k):  # position i + 1
-            self._drafted[i] += 1
-            if i <= a:
-                self._reached[i] += 1
-            hit = i < a
-            self._accepted[i] += hit
-            self._smooth[i].add(1.0 if hit else 0.0)
+            self._smooth[i].add(1.0 if i < a else 0.0)
         self._hist[a] += 1
         self._spec_cycles += 1
         self._accepted_sum += a
@@ -349,24 +336,16 @@ class StatsAggregator:
 
     def _recent_split(self) -> TimeSplit:
         cycles = list(self._recent)[-RECENT_CYCLES:]
-        if not cycles:
-            return TimeSplit()
-        n = len(cycles)
-        sums = [0.0] * 5
+        split = TimeSplit()
         for c in cycles:
-            phases = (c.t_draft, c.t_verify, c.t_accept, c.t_commit)
-            for i, t in enumerate(phases):
-                sums[i] += t
-            sums[4] += max(0.0, c.t_total - sum(phases))
-        return TimeSplit(*(s / n for s in sums))
+            split = split.plus(TimeSplit.of(c), 1.0 / len(cycles))
+        return split
 
-    def _positions(self) -> tuple[PositionStats, ...]:
-        out = []
-        for i, d in enumerate(self._drafted):
-            r, a = self._reached[i], self._accepted[i]
-            out.append(PositionStats(i + 1, d, r, a, a / d if d else 0.0,
-                                     a / r if r else 0.0, self._smooth[i].value))
-        return tuple(out)
+    def _positions_now(self) -> tuple[PositionStats, ...]:
+        return tuple(
+            PositionStats(p.position, p.drafted, p.reached, p.accepted, p.rate or 0.0,
+                          p.conditional or 0.0, self._smooth[p.position - 1].value)
+            for p in self._positions.counts())
 
     def snapshot(self) -> StatsSnapshot:
         now = self._clock()
@@ -386,13 +365,13 @@ class StatsAggregator:
             prefill_tps=p.tokens_per_second if p else None,
             prompt_tokens=p.prompt_tokens if p else 0,
             reused_tokens=p.reused_tokens if p else 0,
-            positions=self._positions(), spec_cycles=self._spec_cycles,
+            positions=self._positions_now(), spec_cycles=self._spec_cycles,
             accepted_mean=self._accepted_sum / self._spec_cycles if self._spec_cycles else 0.0,
             tokens_per_cycle=self._tokens / self._cycles if self._cycles else 0.0,
             accepted_hist=tuple(self._hist),
             corrections=self._kinds["correction"], bonuses=self._kinds["bonus"],
             plain=self._kinds["plain"],
-            time_recent=self._recent_split(), time_total=TimeSplit(*self._split),
+            time_recent=self._recent_split(), time_total=self._split,
             profiled=bool(last and last.host_syncs > 1),
             context_tokens=self._context,
             current_depth=last.depth if last else None,

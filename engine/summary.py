@@ -42,17 +42,39 @@ class PositionCounts:
         return self.accepted / self.reached if self.reached else None
 
 
+class PositionTally:
+    """Running per-position counts (the one place they are counted): ``add`` one cycle at a
+    time, read ``counts()``. Position i (1-based) is *drafted* by a cycle with at least i
+    drafts, *reached* when every earlier draft was accepted, *accepted* when draft i was."""
+
+    def __init__(self) -> None:
+        self.drafted: list[int] = []
+        self.reached: list[int] = []
+        self.accepted: list[int] = []
+
+    def add(self, c: CycleStats) -> None:
+        k = len(c.drafted)
+        while len(self.drafted) < k:
+            for lst in (self.drafted, self.reached, self.accepted):
+                lst.append(0)
+        for i in range(k):  # position i + 1
+            self.drafted[i] += 1
+            self.reached[i] += i <= c.accepted
+            self.accepted[i] += i < c.accepted
+
+    def counts(self, max_depth: int | None = None) -> tuple[PositionCounts, ...]:
+        n = len(self.drafted) if max_depth is None else min(len(self.drafted), max_depth)
+        return tuple(PositionCounts(i + 1, self.drafted[i], self.reached[i], self.accepted[i])
+                     for i in range(n))
+
+
 def position_counts(cycles: Iterable[CycleStats],
                     max_depth: int = MAX_DEPTH) -> tuple[PositionCounts, ...]:
     """Per-position counts over ``cycles``; one entry per position that was ever drafted."""
-    drafted, reached, accepted = [0] * max_depth, [0] * max_depth, [0] * max_depth
+    tally = PositionTally()
     for c in cycles:
-        for i in range(min(c.depth, max_depth)):
-            drafted[i] += 1
-            reached[i] += i <= c.accepted
-            accepted[i] += i < c.accepted
-    n = max((i + 1 for i in range(max_depth) if drafted[i]), default=0)
-    return tuple(PositionCounts(i + 1, drafted[i], reached[i], accepted[i]) for i in range(n))
+        tally.add(c)
+    return tally.counts(max_depth)
 
 
 @dataclass(frozen=True)
@@ -131,17 +153,26 @@ class ReplyTally:
         if ev.finish_reason is not None:
             self._finish = ev.finish_reason
 
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._finish
+
     def summary(self) -> ReplySummary:
-        cs = self.cycles
-        drafting = [c.depth for c in cs if c.depth > 0]
-        return ReplySummary(
-            tokens=len(self.token_ids), prompt_tokens=self._prompt, reused_tokens=self._reused,
-            ttft_s=self._ttft, decode_tokens=sum(len(c.emitted) for c in cs),
-            decode_s=sum(c.t_total for c in cs), cycles=len(cs),
-            speculative_cycles=len(drafting), drafted=sum(len(c.drafted) for c in cs),
-            accepted=sum(c.accepted for c in cs), positions=position_counts(cs),
-            depth_min=min(drafting, default=0), depth_max=max(drafting, default=0),
-            host_syncs=sum(c.host_syncs for c in cs), finish_reason=self._finish)
+        return _summary(self.cycles, tokens=len(self.token_ids), prompt=self._prompt,
+                        reused=self._reused, ttft=self._ttft, finish=self._finish)
+
+
+def _summary(cs: list[CycleStats], *, tokens: int, prompt: int, reused: int, ttft: float,
+             finish: FinishReason | None) -> ReplySummary:
+    drafting = [c.depth for c in cs if c.depth > 0]
+    return ReplySummary(
+        tokens=tokens, prompt_tokens=prompt, reused_tokens=reused, ttft_s=ttft,
+        decode_tokens=sum(len(c.emitted) for c in cs), decode_s=sum(c.t_total for c in cs),
+        cycles=len(cs), speculative_cycles=len(drafting),
+        drafted=sum(len(c.drafted) for c in cs), accepted=sum(c.accepted for c in cs),
+        positions=position_counts(cs), depth_min=min(drafting, default=0),
+        depth_max=max(drafting, default=0), host_syncs=sum(c.host_syncs for c in cs),
+        finish_reason=finish)
 
 
 def summarize(events: Iterable[Event]) -> ReplySummary:
@@ -149,3 +180,16 @@ def summarize(events: Iterable[Event]) -> ReplySummary:
     for ev in events:
         tally.add(ev)
     return tally.summary()
+
+
+def round_rates(rates: Iterable[float | None], digits: int = 4) -> list[float | None]:
+    """Rates rounded for JSON (None stays None: a position never drafted/reached)."""
+    return [None if r is None else round(r, digits) for r in rates]
+
+
+def summarize_cycles(cycles: Iterable[CycleStats]) -> ReplySummary:
+    """The figures of decode cycles alone (e.g. pooled over several replies, as bench and the
+    tuner do): ``tokens == decode_tokens``, no prefill, no finish reason."""
+    cs = list(cycles)
+    return _summary(cs, tokens=sum(len(c.emitted) for c in cs), prompt=0, reused=0, ttft=0.0,
+                    finish=None)

@@ -8,12 +8,32 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.gated_delta import compute_g, gated_delta_update, normalize_qk
 
-try:  # mlx-lm's compiled single-step op (what its CPU path runs per token)
-    from mlx_lm.models.gated_delta import _gated_delta_step_ops as _step_ops
-except ImportError:  # pragma: no cover - older/newer mlx-lm: fall back to per-step updates
-    _step_ops = None
+# The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
+# what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
+# (``normalize_qk``, ``_gated_delta_step_ops``; its main branch no longer defines them), so
+# pyproject.toml bounds mlx-lm to the tested series and this is the one place they are read.
+MLX_LM_TESTED = ">=0.32.2,<0.33"
+GATED_DELTA_HELPERS = ("compute_g", "gated_delta_update", "normalize_qk",
+                       "_gated_delta_step_ops")
+
+
+def _gated_delta_helpers(module=None) -> tuple:
+    """The helpers from ``mlx_lm.models.gated_delta``, or an ImportError saying which moved."""
+    if module is None:
+        from mlx_lm.models import gated_delta as module
+    missing = [n for n in GATED_DELTA_HELPERS if not hasattr(module, n)]
+    if missing:
+        from importlib.metadata import version
+
+        raise ImportError(
+            f"mlx-lm {version('mlx-lm')} no longer defines {', '.join(missing)} in "
+            f"mlx_lm.models.gated_delta; MTP Chat's verify forward needs mlx-lm{MLX_LM_TESTED} "
+            f"(pip install 'mlx-lm{MLX_LM_TESTED}').")
+    return tuple(getattr(module, n) for n in GATED_DELTA_HELPERS)
+
+
+compute_g, gated_delta_update, normalize_qk, _step_ops = _gated_delta_helpers()
 
 
 @dataclass
@@ -37,7 +57,7 @@ def _recurrence_steps(gdn, q, k, v, a, b, state) -> tuple[list[mx.array], list[m
     step op (the same arithmetic plain decoding runs)."""
     S = q.shape[1]
     outs, states = [], []
-    if _step_ops is None or mx.default_device() == mx.gpu:
+    if mx.default_device() == mx.gpu:
         for j in range(S):
             o, state = gated_delta_update(
                 q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], a[:, j:j + 1], b[:, j:j + 1],

@@ -8,8 +8,11 @@ one prompt to the next so slow drift (thermals, other load) hits every depth ali
 What it measures: decode speed, tokens / seconds from the first event (prefill done, first
 token out) to the last one, on the given ``clock``, so prefill is excluded and every cost of a
 cycle (drafting, verify, sampling, commit, host syncs) is included. A depth's speed is the
-median over repeats of the whole prompt set's tokens / seconds. Acceptance by position and
-tokens per cycle come from the cycles' ``CycleStats``.
+median over repeats of the whole prompt set's tokens / seconds. (This is the tuner's own
+figure, on its injectable clock, so tests can drive it; ``ReplySummary.tokens_per_s`` sums the
+engine's cycle times instead, and the two differ only by the consumer's time between events.)
+Acceptance by position and tokens per cycle come from ``engine.summary`` over the cycles'
+``CycleStats``.
 
 What it keeps: the fastest depth, but only if it beats depth 0 by more than ``margin`` (3 %);
 a depth within ``TIE`` (1 %) of the fastest and lower than it wins the tie. When nothing beats
@@ -30,7 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from engine.errors import GenerationError
-from engine.types import SamplingParams
+from engine.summary import ReplySummary, summarize_cycles
+from engine.types import CycleStats, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -109,26 +113,18 @@ class TuneResult:
 
 @dataclass
 class _Tally:
-    """Everything measured at one depth."""
+    """Everything measured at one depth: tokens and seconds per repeat (on the tuner's
+    clock) and every decode cycle, summarised by ``engine.summary``."""
 
     tokens: list[int] = field(default_factory=list)  # per repeat
     seconds: list[float] = field(default_factory=list)
-    cycles: int = 0
-    emitted: int = 0
-    drafted: list[int] = field(default_factory=list)
-    reached: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
+    cycles: list[CycleStats] = field(default_factory=list)
 
-    def add_cycle(self, stats) -> None:
-        self.cycles += 1
-        self.emitted += len(stats.emitted)
-        k = len(stats.drafted)
-        for lst in (self.drafted, self.reached, self.accepted):
-            lst.extend([0] * (k - len(lst)))
-        for i in range(k):
-            self.drafted[i] += 1
-            self.reached[i] += i <= stats.accepted
-            self.accepted[i] += i < stats.accepted
+    def add_cycle(self, stats: CycleStats) -> None:
+        self.cycles.append(stats)
+
+    def summary(self) -> ReplySummary:
+        return summarize_cycles(self.cycles)
 
 
 def tune(model, *, depths: Sequence[int] = (1, 2, 3, 4), prompts: Sequence[str] | None = None,
@@ -224,12 +220,13 @@ def _measure(model, prompt: list[int], depth: int, max_tokens: int, sampling, se
 def _row(depth: int, t: _Tally, base: float) -> TuneRow:
     runs = tuple(n / s if s > 0 else 0.0 for n, s in zip(t.tokens, t.seconds))
     tps = statistics.median(runs) if runs else 0.0
+    s = t.summary()
     return TuneRow(
         depth=depth, tokens_per_second=tps, speedup=tps / base if base > 0 else 0.0,
-        acceptance=tuple(a / d if d else 0.0 for a, d in zip(t.accepted, t.drafted)),
-        conditional=tuple(a / r if r else 0.0 for a, r in zip(t.accepted, t.reached)),
-        tokens_per_cycle=t.emitted / t.cycles if t.cycles else 0.0,
-        cycle_ms=1000 * sum(t.seconds) / t.cycles if t.cycles else 0.0,
+        acceptance=tuple(p.rate or 0.0 for p in s.positions),
+        conditional=tuple(p.conditional or 0.0 for p in s.positions),
+        tokens_per_cycle=s.tokens_per_cycle,
+        cycle_ms=1000 * sum(t.seconds) / s.cycles if s.cycles else 0.0,
         runs=runs, tokens=sum(t.tokens))
 
 

@@ -1,13 +1,29 @@
 """Value types that cross the engine boundary. All frozen, all plain data (no MLX arrays)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
+
+from engine.errors import GenerationError
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
 MAX_DEPTH = 6  # the deepest draft any cycle makes (the one place this number lives)
-Depth = int | Literal["auto"]
+
+# How the MTP head's drafts are drawn at temperature > 0 (engine.drafters explains each).
+DraftMode = Literal["filtered", "softmax", "argmax"]
+DRAFT_MODES: tuple[DraftMode, ...] = ("filtered", "softmax", "argmax")
+
+
+def _real(name: str, value: object) -> float:
+    """``value`` as a finite float, or a GenerationError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise GenerationError(f"{name} must be a number, not {value!r}")
+    if not math.isfinite(value):
+        raise GenerationError(f"{name} must be a finite number, not {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -26,14 +42,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+        """Raises ``GenerationError`` (a ``ValueError``) naming the first bad parameter."""
+        if _real("temperature", self.temperature) < 0:
+            raise GenerationError(f"temperature must be >= 0, not {self.temperature!r}")
+        if not 0.0 < _real("top_p", self.top_p) <= 1.0:
+            raise GenerationError(f"top_p must be in (0, 1], not {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise GenerationError(f"top_k must be an integer, not {self.top_k!r}")
         if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError("min_p must be in [0, 1)")
+            raise GenerationError(f"top_k must be >= 0, not {self.top_k!r}")
+        if not 0.0 <= _real("min_p", self.min_p) < 1.0:
+            raise GenerationError(f"min_p must be in [0, 1), not {self.min_p!r}")
+        _real("presence_penalty", self.presence_penalty)
+        _real("frequency_penalty", self.frequency_penalty)
 
     @property
     def greedy(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from engine.types import DRAFT_MODES, MAX_DEPTH
+
 HELP = "benchmark decode speed: mlx-lm's own generation, depth 0 and each MTP depth, side by side"
 
 
@@ -11,7 +13,8 @@ def add_arguments(p) -> None:
     from engine.commands.generate import add_model_arguments
 
     add_model_arguments(p)
-    p.add_argument("--depths", default="0,1,2,3", help="comma-separated depths (0..6, auto)")
+    p.add_argument("--depths", default="0,1,2,3",
+                   help=f"comma-separated depths (0..{MAX_DEPTH}, auto)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -27,6 +30,9 @@ def add_arguments(p) -> None:
                    help="draft with a replay of the depth-0 output (best-case ceiling per depth)")
     p.add_argument("--profile", action="store_true",
                    help="synchronise after each phase to measure the cycle's time split")
+    p.add_argument("--draft-mode", choices=DRAFT_MODES, default="filtered",
+                   help="how the MTP head drafts at temperature > 0 (all exact): the target's "
+                        "filters (default), softmax only, or its argmax")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's own generation")
     p.add_argument("--seed", type=int, default=0)
 
@@ -52,7 +58,7 @@ def run(args) -> int:
     result = run_bench(model, prompts=prompts, depths=depths, max_tokens=args.max_tokens,
                        params=params, repeats=args.repeats, chat=not args.raw, replay=args.replay,
                        profile=args.profile, include_mlx_lm=not args.no_mlx_lm, seed=args.seed,
-                       progress=log)
+                       draft_mode=args.draft_mode, progress=log)
     info = system_info()
     result["model"] = {"path": model.info.path, "params": model.info.num_parameters,
                        "dtype": model.info.dtype, "has_mtp": model.info.has_mtp}
@@ -65,13 +71,13 @@ def run(args) -> int:
           f"{args.max_tokens} tokens, median of {args.repeats}" + (", REPLAY drafter" if args.replay else ""))
     for cls, rows in result["classes"].items():
         print(f"\n[{cls}]")
-        print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'tok/cyc':>7} {'peak MiB':>8}  acceptance by position")
+        print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'tok/cyc':>7} {'peak MiB':>8}  acceptance rate by position")
         for lab, r in rows.items():
-            acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_by_position", [])[:4])
+            acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_rate_by_position", [])[:4])
             sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
             share = r.get("time_share")
-            split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} commit {commit:.0%}"
-                     .format(**share)) if share and args.profile else ""
+            split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} "
+                     "commit {commit:.0%}".format(**share)) if share and args.profile else ""
             print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {r.get('tokens_per_cycle', ''):>7} "
                   f"{r['peak_memory_mib']:8.1f}  {acc}{split}")
     return 0

@@ -4,6 +4,9 @@ from __future__ import annotations
 import json
 import sys
 
+from engine.errors import GenerationError
+from engine.types import DRAFT_MODES, MAX_DEPTH
+
 HELP = "generate text with plain (depth 0) or MTP speculative decoding"
 
 
@@ -23,7 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-think", action="store_true", help="disable thinking where the template supports it")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--depth", default="auto",
-                   help="drafts per cycle, 0..6, or auto (default: chosen per cycle; 0 = plain "
+                   help=f"drafts per cycle, 0..{MAX_DEPTH}, or auto (default: chosen per cycle; 0 = plain "
                         "decoding, also what auto does on a model without an MTP head)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -33,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--draft-mode", choices=DRAFT_MODES, default="filtered",
+                   help="how the MTP head drafts at temperature > 0 (all exact): the target's "
+                        "filters (default), softmax only, or its argmax")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
 
 
@@ -42,14 +48,21 @@ def parse_depth(s: str):
     try:
         return int(s)
     except ValueError:
-        from engine.errors import GenerationError
+        raise GenerationError(f"--depth must be 0..{MAX_DEPTH} or auto, not {s!r}") from None
 
-        raise GenerationError(f"--depth must be 0..6 or auto, not {s!r}") from None
+
+def parse_ids(text: str) -> list[int]:
+    """``--prompt-ids``: comma-separated integers (the range is checked by ``generate``)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise GenerationError(
+            f"--prompt-ids must be comma-separated integers, not {text!r}") from None
 
 
 def prompt_ids(model, args) -> list[int]:
     if args.prompt_ids is not None:
-        return [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        return parse_ids(args.prompt_ids)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": args.prompt})
@@ -96,30 +109,56 @@ class EmptyThinkFilter:
         return text
 
 
+def json_report(tally, *, trace: bool = False) -> dict:
+    """``generate --json``: the reply and its ``ReplySummary`` figures. Acceptance by position
+    comes in both kinds (``engine.summary``): ``acceptance_rate_by_position`` (accepted /
+    drafted) and ``conditional_acceptance_by_position`` (accepted / reached)."""
+    from engine.summary import round_rates
+
+    s = tally.summary()
+    d = {"token_ids": tally.token_ids, "text": tally.text, "finish_reason": s.finish_reason,
+         "stats": {
+             "tokens": s.tokens, "prompt_tokens": s.prompt_tokens, "ttft_s": round(s.ttft_s, 6),
+             "decode_tokens_per_s": round(s.tokens_per_s, 3), "cycles": s.cycles,
+             "drafted": s.drafted, "accepted": s.accepted,
+             "tokens_per_cycle": round(s.tokens_per_cycle, 4),
+             "acceptance_rate_by_position": round_rates(p.rate for p in s.positions),
+             "conditional_acceptance_by_position": round_rates(p.conditional for p in s.positions),
+             "draft_acceptance": s.draft_acceptance,
+             "host_syncs_per_cycle": s.host_syncs_per_cycle,
+             "speculative_cycles": s.speculative_cycles}}
+    if trace:
+        d["trace"] = [{"depth": c.depth, "drafted": list(c.drafted), "accepted": c.accepted,
+                       "emitted": list(c.emitted), "kind": c.extra_kind,
+                       "reason": c.depth_reason, "t_total": round(c.t_total, 6)}
+                      for c in tally.cycles]
+    return d
+
+
 def run(args) -> int:
     from engine import SamplingParams, default_model_path, load
-    from engine.runstats import RunSummary
+    from engine.summary import ReplyTally
 
     model = load(args.model or default_model_path(), dtype=args.dtype)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               min_p=args.min_p, presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty)
-    summary = RunSummary()
+    tally = ReplyTally()
     shown = EmptyThinkFilter() if args.chat else None
     for ev in model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
                              depth=parse_depth(args.depth), sampling=sampling, seed=args.seed,
-                             stop_strings=tuple(args.stop)):
-        summary.add(ev)
+                             stop_strings=tuple(args.stop), draft_mode=args.draft_mode):
+        tally.add(ev)
         if not args.json:
             sys.stdout.write(shown.feed(ev.text) if shown else ev.text)
             sys.stdout.flush()
     if shown and not args.json:
         sys.stdout.write(shown.flush())
     if args.json:
-        print(json.dumps(summary.to_dict(trace=args.trace)))
+        print(json.dumps(json_report(tally, trace=args.trace)))
     else:
-        s = summary.to_dict()["stats"]
-        print(f"\n[{s['tokens']} tokens, {s['decode_tokens_per_s']:.1f} tok/s, TTFT "
-              f"{s['ttft_s'] * 1000:.0f} ms, {s['tokens_per_cycle']:.2f} tokens/cycle, "
-              f"finish: {summary.finish_reason}]", file=sys.stderr)
+        s = tally.summary()
+        print(f"\n[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, TTFT "
+              f"{s.ttft_s * 1000:.0f} ms, {s.tokens_per_cycle:.2f} tokens/cycle, "
+              f"finish: {s.finish_reason}]", file=sys.stderr)
     return 0

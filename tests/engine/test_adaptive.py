@@ -210,19 +210,28 @@ def test_invalid_arguments():
         AdaptiveDepth(2, explore=0.01, explore_min=0.5)
 
 
-def test_controller_for_keeps_one_per_owner():
-    from engine.adaptive import controller_for
+def test_carry_over_keeps_one_controller_per_owner():
+    from engine.adaptive import carry_over
 
-    class Owner:
-        pass
-
-    owner = Owner()
-    first = controller_for(owner, 3)
+    first = carry_over(None, 3)
     simulate(first, [(HIGH, 0.02, 0.003, 50)], seed=0)
-    again = controller_for(owner, 3)
+    again = carry_over(first, 3)
     assert again is first and again.epsilon() == again.explore  # a new request restarts exploring
     assert again.choose()[1] != "warmup"
-    assert controller_for(owner, 2) is not first  # a different head depth: a new controller
-    seeded = controller_for(Owner(), 3, initial={"acceptance": [0.9], "cost": {"0": 0.02, "3": 0.03}})
+    assert carry_over(first, 2) is not first  # a different head depth: a new controller
+    seeded = carry_over(None, 3, initial={"acceptance": [0.9], "cost": {"0": 0.02, "3": 0.03}})
     assert seeded.warmup == 0
     assert "tok/s" in seeded.estimates_line()
+
+
+def test_model_declares_its_depth_controller_and_prompt_cache(tiny_model):
+    """The model owns both as fields; a reply at depth "auto" keeps its controller there."""
+    from engine.session import PromptCache
+
+    assert isinstance(tiny_model.prompt_cache, PromptCache)
+    list(tiny_model.generate([5, 6, 7], max_tokens=6, depth="auto"))
+    ctrl = tiny_model.depth_controller
+    assert isinstance(ctrl, AdaptiveDepth)
+    list(tiny_model.generate([5, 6, 7], max_tokens=6, depth="auto"))
+    assert tiny_model.depth_controller is ctrl
+    assert not hasattr(tiny_model, "_adaptive_depth")

@@ -10,17 +10,17 @@ import pytest
 
 import engine
 from engine import SamplingParams
-from engine.drafters import ReplayDrafter
+from engine import sampling
+from engine.drafters import DraftRequest, MTPDrafter, ReplayDrafter
 from engine.errors import GenerationError, PromptTooLongError
-from engine.runstats import RunSummary
 from engine.session import Session
-from engine.trunk import lm_head
+from engine.summary import ReplyTally
 
 
-def run(model, prompt, *, depth, max_tokens=37, fresh=True, **kw) -> RunSummary:
+def run(model, prompt, *, depth, max_tokens=37, fresh=True, **kw) -> ReplyTally:
     if fresh:
         model.reset_prompt_cache()
-    s = RunSummary()
+    s = ReplyTally()
     for ev in model.generate(prompt, max_tokens=max_tokens, depth=depth, **kw):
         s.add(ev)
     return s
@@ -72,13 +72,19 @@ def test_replay_of_target_argmax_is_always_accepted(tiny_model):
                 assert c.extra_kind in ("bonus", "none")
 
 
+def draft_one(session, x_next):
+    """The MTP head's greedy draft after ``x_next`` (one step)."""
+    request = DraftRequest(x0=x_next, k=1, generated=(), params=SamplingParams(), counts=None,
+                           key=sampling.make_key(0))
+    return MTPDrafter(session).draft(request).tokens
+
+
 def _fresh_logits_and_mtp(model, fed, x_next):
     """Plain re-computation over ``fed``: next-step trunk logits, and the MTP logits of the
     pair (h_last, x_next) from a freshly built MTP cache."""
     s = Session.fresh(model, use_mtp=True)
     s.prefill(list(fed))
-    drafts, _ = s.draft_mtp(x_next, 1, SamplingParams(), None, None)
-    return s.last_logits, drafts
+    return s.last_logits, draft_one(s, x_next)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -96,10 +102,7 @@ def test_rollback_state_matches_fresh_decode(tiny_model, depth):
             continue
         fresh_logits, fresh_draft = _fresh_logits_and_mtp(tiny_model, live.fed, x_next)
         np.testing.assert_allclose(np.array(live.last_logits), np.array(fresh_logits), atol=1e-4)
-        live_draft, _ = live.draft_mtp(x_next, 1, SamplingParams(), None, None)
-        live_mtp = lm_head(tiny_model.text_model, live.model.mtp(
-            live.last_hidden, tiny_model.text_model.model.embed_tokens(mx.array([[x_next]])),
-            live.mtp_cache))
+        live_draft = draft_one(live, x_next)
         assert live_draft.tolist() == fresh_draft.tolist()
         assert live.mtp_rows == len(live.fed)  # one row per committed pair + step-1 + probe
 
@@ -205,3 +208,100 @@ def test_memory_does_not_grow_across_cycles(tiny_model):
     kv_bytes_per_token = 2 * 2 * 16 * 4 * 2  # K+V, kv heads, head_dim, fp32, attention layers(+MTP)
     allowance = (c1 - c0) * kv_bytes_per_token * 4 + 512 * 1024  # slab growth + slack
     assert m1 - m0 < allowance, (m0, m1, c0, c1)
+
+
+def _mtp_invariant_holds(snap) -> bool:
+    """One MTP row per committed pair (pending ones counted), and the cache agrees."""
+    return (snap.mtp_rows + len(snap.pending_tok) == len(snap.fed) - 1
+            and snap.mtp_state[0][3] == snap.mtp_rows)
+
+
+@pytest.mark.parametrize("after", [1, 2, 5])
+def test_closing_the_generator_mid_reply_undoes_the_inflight_draft(tiny_model, after):
+    """A consumer that stops reading (GeneratorExit) leaves the caches whole: the draft
+    launched before the last event was handed out is undone, and the next turn resumes
+    exactly from the state kept."""
+    p = prompts(1, seed=15)[0]
+    tiny_model.reset_prompt_cache()
+    gen = tiny_model.generate(p, max_tokens=200, depth=3)
+    seen = [next(gen) for _ in range(after)]
+    assert all(ev.finish_reason is None for ev in seen)
+    gen.close()
+    snap = tiny_model.prompt_cache.snapshots[-1]
+    assert len(snap.fed) > len(p) or after == 1
+    assert _mtp_invariant_holds(snap)
+    follow = list(snap.fed) + [11, 12]
+    resumed = list(tiny_model.generate(follow, max_tokens=12, depth=3))
+    assert resumed[0].prefill.reused_tokens == len(snap.fed)
+    fresh = run(tiny_model, follow, depth=0, max_tokens=12)
+    assert [t for e in resumed for t in e.token_ids] == fresh.token_ids
+
+
+def test_cancel_leaves_the_mtp_invariant(tiny_model):
+    p = prompts(1, seed=16)[0]
+    cancel = threading.Event()
+    tiny_model.reset_prompt_cache()
+    for i, _ in enumerate(tiny_model.generate(p, max_tokens=200, depth=4, cancel=cancel)):
+        if i == 1:
+            cancel.set()
+    assert _mtp_invariant_holds(tiny_model.prompt_cache.snapshots[-1])
+
+
+@pytest.mark.parametrize("mode", ["filtered", "softmax", "argmax"])
+def test_draft_modes_draw_from_the_q_they_report(tiny_model, mode):
+    """Exactness needs only that each draft comes from the q acceptance is given (MTP_SPEC
+    §5; proved for any q in test_acceptance_enumeration): "argmax" drafts the head's top token
+    and reports q as one-hot (None); the others report proper distributions that hold their
+    drafts."""
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, presence_penalty=0.4)
+    s = Session.fresh(tiny_model, use_mtp=True)
+    s.prefill(prompts(1, seed=17)[0])
+    counts = mx.zeros((tiny_model.info.vocab_size,))
+    request = DraftRequest(x0=5, k=3, generated=(5,), params=params, counts=counts,
+                           key=sampling.make_key(3))
+    proposal = MTPDrafter(s, mode=mode).draft(request)
+    drafts = proposal.tokens.tolist()
+    assert len(drafts) == 3
+    if mode == "argmax":
+        assert proposal.q is None
+        return
+    q = np.array(proposal.q)
+    assert q.shape == (3, tiny_model.info.vocab_size)
+    np.testing.assert_allclose(q.sum(axis=1), 1.0, atol=1e-5)
+    assert all(q[j, d] > 0 for j, d in enumerate(drafts))
+    kept = (q > 0).sum(axis=1)
+    assert (kept <= 5).all() if mode == "filtered" else (kept > 5).all()
+
+
+@pytest.mark.parametrize("mode", ["filtered", "softmax", "argmax"])
+def test_every_draft_mode_is_exact_in_greedy_and_reproducible_sampled(tiny_model, mode):
+    for p in prompts(4, seed=18):
+        assert (run(tiny_model, p, depth=3, draft_mode=mode).token_ids
+                == run(tiny_model, p, depth=0).token_ids)
+    sp = SamplingParams(temperature=0.9, top_k=20)
+    p = prompts(1, seed=19)[0]
+    assert (run(tiny_model, p, depth=2, sampling=sp, seed=5, draft_mode=mode).token_ids
+            == run(tiny_model, p, depth=2, sampling=sp, seed=5, draft_mode=mode).token_ids)
+    with pytest.raises(GenerationError, match="draft_mode"):
+        tiny_model.generate(p, depth=2, draft_mode="beam")
+
+
+def test_plain_cycles_put_the_read_wait_in_t_sync(tiny_model):
+    p = prompts(1, seed=20)[0]
+    cycles = run(tiny_model, p, depth=0, max_tokens=8).cycles
+    assert cycles and all(c.t_sync > 0 and c.host_syncs == 1 for c in cycles)
+    for c in cycles:
+        assert c.t_verify + c.t_sync <= c.t_total + 1e-9
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_speculative_cycle_times(tiny_model, profile):
+    """Unprofiled: the single sync's wait is t_sync; profiled: per-phase evals, t_sync 0."""
+    p = prompts(1, seed=21)[0]
+    cycles = run(tiny_model, p, depth=2, max_tokens=12, profile=profile).cycles
+    assert cycles
+    for c in cycles:
+        parts = c.t_draft + c.t_verify + c.t_accept + c.t_commit + c.t_sync
+        assert parts <= c.t_total + 1e-9
+        assert c.host_syncs == (4 if profile else 1)
+        assert (c.t_sync == 0.0) if profile else (c.t_sync > 0.0)

@@ -7,7 +7,6 @@ sampled from the MTP head's own distribution, then accepted/rejected) must fit i
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import mlx.core as mx
 import numpy as np
@@ -96,3 +95,25 @@ def test_speculative_samples_follow_plain_distribution(small_vocab_model, params
             # the acceptance path was exercised, not only corrections (with top-p 0.8 the
             # random MTP head's kept tokens may never overlap the target's)
             assert accepted > 0
+
+
+@pytest.mark.parametrize("mode", ["softmax", "argmax"])
+def test_every_draft_mode_follows_plain_distribution(small_vocab_model, mode):
+    """The other MTP draft policies (``draft_mode``; "filtered" is the default tested above)
+    are exact too: drafts sampled without the target's filters, or the head's argmax."""
+    pytest.importorskip("scipy")
+    model, params, depth = small_vocab_model, SETTINGS[1], 2  # top-k 4: the modes differ
+    expected = exact_pair_distribution(model, params).ravel()
+    counts = np.zeros(V * V)
+    accepted = 0
+    model.reset_prompt_cache()
+    for i in range(N):
+        toks = []
+        for ev in model.generate(PROMPT, max_tokens=depth + 2, depth=depth, sampling=params,
+                                 seed=104729 + i, draft_mode=mode):
+            toks.extend(ev.token_ids)
+            accepted += ev.stats.accepted if ev.stats else 0
+        counts[toks[1] * V + toks[2]] += 1
+    p = chi_square_p(counts, expected)
+    assert p > 0.001, (mode, p)
+    assert accepted > 0

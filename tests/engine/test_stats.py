@@ -116,6 +116,22 @@ def test_time_split_recent_and_total():
     assert TimeSplit().total == 0.0
 
 
+def test_time_split_keeps_the_sync_wait_apart():
+    """Unprofiled cycles report the wait on their one host sync as ``t_sync``: it goes to
+    ``TimeSplit.sync``, not to a phase and not to ``other``."""
+    agg = agg_with(FakeClock())
+    c = CycleStats(index=0, depth=2, drafted=(1, 2), accepted=1, emitted=(1, 9),
+                   from_draft=(True, False), extra_kind="correction", t_draft=0.001,
+                   t_verify=0.002, t_accept=0.001, t_commit=0.001, t_sync=0.04, t_total=0.05)
+    agg.add_cycle(c)
+    s = agg.snapshot()
+    for split in (s.time_total, s.time_recent):
+        assert split.sync == pytest.approx(0.04)
+        assert split.accept == pytest.approx(0.001)
+        assert split.other == pytest.approx(0.005)
+        assert split.total == pytest.approx(0.05)
+
+
 def test_requests_and_finish_summary():
     clock = FakeClock()
     agg = agg_with(clock)
