@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from engine.types import SamplingParams
+from engine.types import MAX_DEPTH, SamplingParams
 
-DEPTH_CHOICES: tuple[int | str, ...] = ("auto", 0, 1, 2, 3, 4, 5, 6)
+DEPTH_CHOICES: tuple[int | str, ...] = ("auto", *range(MAX_DEPTH + 1))
 
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """What one conversation generates with. ``depth`` is "auto" or 0..6 (0 = no speculation)."""
+    """What one conversation generates with. ``depth`` is "auto" or 0..MAX_DEPTH (0 = no speculation)."""
 
     system_prompt: str = ""
     temperature: float = 0.7
@@ -59,7 +59,7 @@ def _coerce(key: str, value, default):
         if value == "auto":
             return "auto"
         v = int(value)
-        if not 0 <= v <= 6:
+        if not 0 <= v <= MAX_DEPTH:
             raise ValueError(key)
         return v
     if isinstance(default, bool):
