@@ -16,6 +16,8 @@ Two forms are accepted inside ``<tool_call>…</tool_call>`` (SERVER.md):
 
 A block that is neither (or is cut off by the end of the stream before a call started) comes
 back as ``Text``; a call cut off after it started is closed with the parameters seen so far.
+Whitespace-only text between or after calls is dropped (it would otherwise become an empty
+text block between ``tool_use`` blocks).
 ``parse_tool_calls(text, schemas)`` is the non-streaming form: (text, [ToolCall]).
 """
 from __future__ import annotations
@@ -142,7 +144,7 @@ class ToolCallParser:
                 self._call.finish(out, self)
             else:
                 out.append(Text(OPEN + self._buf))
-        elif self._buf:
+        elif self._buf and (self._buf.strip() or not self.calls):
             out.append(Text(self._buf))
         self._buf, self._in_call, self._call = "", False, None
         return out
@@ -150,12 +152,14 @@ class ToolCallParser:
     def _step_text(self, out: list[Piece]) -> bool:
         i = self._buf.find(OPEN)
         if i >= 0:
-            if i:
+            if i and (self._buf[:i].strip() or not self.calls):
                 out.append(Text(self._buf[:i]))
             self._buf = self._buf[i + len(OPEN):]
             self._in_call, self._call = True, _CallState(len(self.calls))
             return True
         keep = _partial_suffix(self._buf, OPEN)
+        if self.calls and not self._buf[:len(self._buf) - keep].strip():
+            return False  # whitespace between or after calls: hold (dropped at the end)
         if len(self._buf) > keep:
             out.append(Text(self._buf[:len(self._buf) - keep]))
             self._buf = self._buf[len(self._buf) - keep:]

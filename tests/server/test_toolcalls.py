@@ -41,7 +41,7 @@ def _stream(text: str, size: int):
 
 def test_qwen35_xml_calls_parse_with_schema_types():
     text, calls = parse_tool_calls(QWEN35, SCHEMAS)
-    assert text == "I will check both cities.\n\n\n"
+    assert text == "I will check both cities.\n\n"
     assert [(c.name, c.arguments) for c in calls] == EXPECTED
     assert json.loads(calls[0].arguments_json) == EXPECTED[0][1]
 
@@ -56,7 +56,7 @@ def test_qwen3_json_form_parses():
 def test_streaming_equals_non_streaming_in_any_chunking(size):
     pieces, parser = _stream(QWEN35, size)
     text = "".join(p.text for p in pieces if isinstance(p, Text))
-    assert text == "I will check both cities.\n\n\n"
+    assert text == "I will check both cities.\n\n"
     assert "<" not in text  # no markup leaks, even half a tag
     starts = [p for p in pieces if isinstance(p, ToolStart)]
     assert [(s.index, s.name) for s in starts] == [(0, "get_weather"), (1, "get_weather")]
