@@ -23,6 +23,7 @@ VERBS: dict[str, str] = {
     "rm": "engine.commands.rm",
     "catalog": "engine.commands.catalog",
     "train-demo": "engine.commands.train_demo",
+    "serve": "engine.commands.serve",
 }
 
 

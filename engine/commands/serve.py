@@ -1,0 +1,113 @@
+"""``serve``: the local OpenAI- and Anthropic-compatible server (see ``engine.server``).
+
+Loads the model on the scheduler's worker thread, prints one line ``Serving MODEL on URL``
+to stdout once it listens (``--json``: one JSON object with ``url`` and ``model``), and runs
+until SIGINT/SIGTERM, which drains (in-flight replies get ``--drain-seconds`` to finish, then
+are cancelled and end with their final event) and exits 0. A non-loopback ``--host`` without
+``--api-key`` exits 2 before anything loads.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "serve the model over OpenAI- and Anthropic-compatible HTTP APIs"
+
+
+def add_arguments(p) -> None:
+    from engine.commands.generate import add_model_arguments
+
+    add_model_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "any non-loopback address needs --api-key)")
+    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer "
+                   "KEY, or x-api-key: KEY) on every request")
+    p.add_argument("--depth", default="auto", help="default drafts per cycle, 0..6 or auto "
+                   "(requests may override it with \"mtp\": {\"depth\": ...})")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait; past "
+                   "that the server answers 429 (default 16)")
+    p.add_argument("--drain-seconds", type=float, default=10.0, help="on Ctrl+C, how long "
+                   "in-flight replies may run before they are cancelled (default 10)")
+
+
+def _resolve_model(name: str | None) -> str:
+    from pathlib import Path
+
+    from engine import default_model_path
+    from engine.errors import ModelLoadError
+
+    if not name:
+        return str(default_model_path())
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    from engine.store import Store
+
+    row = Store().get(name)
+    if row is None:
+        raise ModelLoadError(f"No model folder or installed model named {name!r} "
+                             "(see `python -m engine list`; Hub repos: `python -m engine pull`).")
+    return str(row.path)
+
+
+def run(args) -> int:
+    from engine.commands.generate import parse_depth
+    from engine.server.runner import Server, is_loopback
+    from engine.server.scheduler import Scheduler
+
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"error: refusing to serve on {args.host} without --api-key: anyone who can "
+              "reach that address could use the model. Pass --api-key KEY, or bind 127.0.0.1.",
+              file=sys.stderr)
+        return 2
+    if args.max_queue < 0:
+        print("error: --max-queue must be >= 0", file=sys.stderr)
+        return 2
+    depth = parse_depth(args.depth)
+    path = _resolve_model(args.model)
+
+    def load():
+        from engine import load as load_model
+
+        return load_model(path, dtype=args.dtype)
+
+    scheduler = Scheduler(loader=load, max_queue=args.max_queue).start()
+    server = Server(scheduler, host=args.host, port=args.port, api_key=args.api_key,
+                    default_depth=depth, drain_s=args.drain_seconds)
+    _announce_when_started(server, args.json)
+    server.serve()
+    scheduler.stop(timeout=5)
+    print("server stopped", file=sys.stderr)
+    _exit_now(0)
+    return 0
+
+
+def _exit_now(code: int) -> None:
+    """Leave without running native static destructors. After some request mixes (seen after
+    the concurrent-clients test) one of the native libraries loaded here (MLX, torch via
+    transformers, tokenizers) aborts in its teardown ("terminate called without an active
+    exception", exit -6) although every thread we started has been joined; the drain above
+    already finished every reply, so nothing is lost by skipping that teardown."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _announce_when_started(server, as_json: bool) -> None:
+    """Print the listening line from a helper thread once uvicorn has bound the socket."""
+    import threading
+    import time
+
+    def announce() -> None:
+        while not server.started:
+            time.sleep(0.01)
+        name = server.backend.model_id
+        line = json.dumps({"url": server.url, "model": name}) if as_json else \
+            f"Serving {name} on {server.url} (OpenAI: {server.url}/v1, Anthropic: {server.url})"
+        print(line, flush=True)
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()

@@ -1,0 +1,281 @@
+"""Anthropic-compatible routes: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+
+Contract (SERVER.md; otherwise what the official ``anthropic`` client expects):
+- Parameters: ``system`` (string or text blocks), ``messages`` (text, ``thinking``,
+  ``tool_use`` and ``tool_result`` blocks), ``max_tokens`` (required), ``stop_sequences``,
+  ``temperature`` (0..1, default 1), ``top_p``, ``top_k``, ``stream``, ``tools`` /
+  ``tool_choice``, ``thinking`` (``{"type": "enabled"|"disabled"}``; absent: the template's
+  default), and the ``mtp`` extension. Unknown fields are ignored.
+- Any model name starting with ``claude-`` maps to the loaded model (Claude Code sends its own).
+- Streams: ``message_start`` (empty content, input usage), then per block
+  ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
+  ``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (``stop_reason``:
+  ``end_turn``, ``max_tokens``, ``stop_sequence``, ``tool_use``; output usage; the ``mtp``
+  stats) and ``message_stop``.
+"""
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.server import sse
+from engine.server.common import Backend, Generation, mtp_headers, mtp_stats, new_id
+from engine.server.errors import bad_request
+from engine.server.openai_api import check_response_format, gen_request, read_json
+from engine.server.reply import ReplyParser, collect
+from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
+from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
+
+
+# ---------------------------------------------------------------------- request -> template
+
+def _blocks(content, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: content must be a string or a list of blocks", "messages")
+    for b in content:
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            raise bad_request(f"{where}: each content block needs a type", "messages")
+    return content
+
+
+def _result_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+
+
+def _user(blocks: list[dict], where: str) -> list[dict]:
+    out, text = [], []
+    for b in blocks:
+        kind = b["type"]
+        if kind == "tool_result":
+            out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                        "content": _result_text(b.get("content"))})
+        elif kind == "text":
+            text.append(str(b.get("text", "")))
+        else:
+            raise bad_request(f"{where}: {kind!r} blocks are not supported (text only)",
+                              "messages")
+    if text or not out:
+        out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def _assistant(blocks: list[dict]) -> dict:
+    msg: dict = {"role": "assistant", "content": ""}
+    calls = []
+    for b in blocks:
+        kind = b["type"]
+        if kind == "text":
+            msg["content"] += str(b.get("text", ""))
+        elif kind == "thinking":
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + str(b.get("thinking", ""))
+        elif kind == "tool_use":
+            calls.append({"id": b.get("id"), "type": "function",
+                          "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def template_messages(body: dict) -> list[dict]:
+    out: list[dict] = []
+    system = body.get("system")
+    if system:
+        out.append({"role": "system", "content": _result_text(system)})
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            raise bad_request(f"{where}: role must be user or assistant", "messages")
+        blocks = _blocks(m.get("content"), where)
+        out.extend(_user(blocks, where) if role == "user" else [_assistant(blocks)])
+    return out
+
+
+def tools_of(body: dict) -> list[dict] | None:
+    tools = body.get("tools")
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools):
+        raise bad_request("tools must be a list of {name, description, input_schema}", "tools")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "none":
+        return None
+    return [{"type": "function", "function": {
+        "name": t["name"], "description": t.get("description", ""),
+        "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}}
+        for t in tools]
+
+
+def thinking_flag(body: dict) -> bool | None:
+    t = body.get("thinking")
+    kind = t.get("type") if isinstance(t, dict) else None
+    return {"enabled": True, "disabled": False}.get(kind)
+
+
+async def _prepare(backend: Backend, body: dict):
+    messages = template_messages(body)
+    tools = tools_of(body)
+    thinking = thinking_flag(body)
+
+    def render(m):
+        ids = chat_prompt_ids(m, messages, tools=tools, enable_thinking=thinking)
+        return ids, prompt_opens_think(m, ids)
+
+    ids, opened = await backend.tokenize(render)
+    return ids, opened, tools
+
+
+# ---------------------------------------------------------------------- routes
+
+async def count_tokens(request: Request) -> JSONResponse:
+    backend: Backend = request.app.state.backend
+    body = await read_json(request)
+    backend.resolve_model(body.get("model"))
+    ids, _, _ = await _prepare(backend, body)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def messages(request: Request):
+    backend: Backend = request.app.state.backend
+    body = await read_json(request)
+    model = backend.resolve_model(body.get("model"))
+    if body.get("max_tokens") is None:
+        raise bad_request("max_tokens: field required", "max_tokens")
+    check_response_format(body, "output_format")
+    ids, opened, tools = await _prepare(backend, body)
+    req = gen_request(backend, body, ids, stop_key="stop_sequences", max_temperature=1.0)
+    parser = ReplyParser(opened_think=opened, id_prefix="toolu_",
+                         schemas=schemas_of(tools) if tools is not None else None)
+    gen = Generation(backend, req)
+    await gen.start(request)
+    meta = {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model}
+    if body.get("stream"):
+        return sse.stream(gen, _stream(backend, gen, parser, meta))
+    return await _once(request, backend, gen, parser, meta)
+
+
+async def _stop_reason(backend: Backend, gen: Generation, token_ids: list[int], text: str,
+                       has_calls: bool) -> tuple[str, str | None]:
+    if has_calls:
+        return "tool_use", None
+    reason = gen.summary.finish_reason if gen.summary else None
+    if reason == "length":
+        return "max_tokens", None
+    stops = gen.req.stop_strings
+    if reason != "stop" or not stops or not token_ids or \
+            token_ids[-1] in backend.info.eos_token_ids:
+        return "end_turn", None
+    full = await backend.tokenize(lambda m: decode_ids(m, token_ids))
+    tail = full[max(0, len(text) - max(map(len, stops))):]
+    hits = sorted((tail.find(s), i) for i, s in enumerate(stops) if tail.find(s) >= 0)
+    return "stop_sequence", stops[hits[0][1]] if hits else stops[0]
+
+
+def _usage(gen: Generation) -> dict:
+    s = gen.summary
+    return {"input_tokens": len(gen.req.prompt_ids), "output_tokens": s.tokens if s else 0,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+async def _once(request: Request, backend: Backend, gen: Generation, parser: ReplyParser,
+                meta: dict) -> JSONResponse:
+    ids: list[int] = []
+    text = ""
+    async for ev in gen.events(request):
+        ids.extend(ev.token_ids)
+        text += ev.text
+    got = collect(parser, text)
+    content: list[dict] = []
+    if got.reasoning:
+        content.append({"type": "thinking", "thinking": got.reasoning, "signature": ""})
+    if got.content or not got.calls:
+        content.append({"type": "text", "text": got.content})
+    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                for c in got.calls]
+    reason, seq = await _stop_reason(backend, gen, ids, text, bool(got.calls))
+    stats = mtp_stats(gen.summary, gen.req.depth, gen.queued_s)
+    out = {**meta, "content": content, "stop_reason": reason, "stop_sequence": seq,
+           "usage": _usage(gen), "mtp": stats}
+    return JSONResponse(out, headers=mtp_headers(stats))
+
+
+class _Blocks:
+    """Reply parts -> Anthropic content-block events (one block open at a time)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+
+    def _start(self, kind: str, block: dict) -> list[str]:
+        out = self.close()
+        self.index += 1
+        self.open = kind
+        return out + [sse.event("content_block_start", {
+            "type": "content_block_start", "index": self.index, "content_block": block})]
+
+    def close(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse.event("content_block_stop", {"type": "content_block_stop",
+                                                 "index": self.index})]
+
+    def _delta(self, delta: dict) -> str:
+        return sse.event("content_block_delta", {"type": "content_block_delta",
+                                                 "index": self.index, "delta": delta})
+
+    def part(self, part) -> list[str]:
+        if isinstance(part, ToolStart):
+            return self._start("tool_use", {"type": "tool_use", "id": part.id,
+                                            "name": part.name, "input": {}})
+        if isinstance(part, ToolArgs):
+            return [self._delta({"type": "input_json_delta", "partial_json": part.fragment})]
+        if isinstance(part, ToolEnd):
+            return self.close()
+        channel, text = part
+        kind = "thinking" if channel == "reasoning" else "text"
+        out = []
+        if self.open != kind:
+            block = ({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                     else {"type": "text", "text": ""})
+            out = self._start(kind, block)
+        key = "thinking" if kind == "thinking" else "text"
+        return out + [self._delta({"type": f"{key}_delta", key: text})]
+
+
+async def _stream(backend: Backend, gen: Generation, parser: ReplyParser, meta: dict):
+    usage = {"input_tokens": len(gen.req.prompt_ids), "output_tokens": 1,
+             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    yield sse.event("message_start", {"type": "message_start", "message": {
+        **meta, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}})
+    blocks, ids, text = _Blocks(), [], ""
+    async for ev in gen.events():
+        ids.extend(ev.token_ids)
+        text += ev.text
+        for part in parser.feed(ev.text) if ev.text else ():
+            for chunk in blocks.part(part):
+                yield chunk
+    for part in parser.flush():
+        for chunk in blocks.part(part):
+            yield chunk
+    if blocks.index < 0:  # an empty reply still has one (empty) text block
+        for chunk in blocks.part(("content", "")):
+            yield chunk
+    for chunk in blocks.close():
+        yield chunk
+    reason, seq = await _stop_reason(backend, gen, ids, text, bool(parser.calls))
+    yield sse.event("message_delta", {
+        "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+        "usage": {"output_tokens": gen.summary.tokens if gen.summary else len(ids)},
+        "mtp": mtp_stats(gen.summary, gen.req.depth, gen.queued_s)})
+    yield sse.event("message_stop", {"type": "message_stop"})

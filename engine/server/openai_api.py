@@ -1,0 +1,342 @@
+"""OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions``.
+
+Contract (SERVER.md; where it is silent, what the official ``openai`` client expects):
+- Parameters: ``messages`` (system/developer/user/assistant/tool; string or text-part
+  content), ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (default 1, like
+  OpenAI), ``top_p``, ``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``,
+  ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``, ``tools`` /
+  ``tool_choice``, ``n`` (1 only), the ``mtp`` extension (``{"depth": "auto"|0..6}``) and a
+  thinking switch (``chat_template_kwargs.enable_thinking`` or top-level ``enable_thinking``,
+  or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format`` of type
+  ``json_object`` / ``json_schema`` is refused with 400 until grammar masks land.
+- Qwen's thinking goes to ``reasoning_content``; tool calls to ``tool_calls`` (streamed as
+  deltas: first ``index``/``id``/``type``/``function.name``, then ``arguments`` fragments);
+  ``finish_reason`` is ``tool_calls`` only when a call was parsed.
+- Every response carries ``"mtp"`` speculation stats (non-streaming: also ``x-mtp-*``
+  headers; streaming: in the chunk with the ``finish_reason``, and in the usage chunk).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.server import sse
+from engine.server.common import (
+    Backend, Generation, mtp_headers, mtp_stats, new_id, number, sampling_from, seed_of,
+    stop_strings)
+from engine.server.errors import ApiError, bad_request
+from engine.server.reply import ReplyParser, collect
+from engine.server.scheduler import GenRequest
+from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
+from engine.server.toolcalls import ToolArgs, ToolStart, schemas_of
+
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
+
+
+async def read_json(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    return body
+
+
+# ---------------------------------------------------------------------- request -> template
+
+def _text_content(content, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") in ("text", "input_text") and \
+                    isinstance(p.get("text"), str):
+                parts.append(p["text"])
+            else:
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise bad_request(f"{where}: content parts of type {kind!r} are not supported "
+                                  "(text only)", "messages")
+        return "".join(parts)
+    raise bad_request(f"{where}: content must be a string or a list of text parts", "messages")
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    out = []
+    for c in calls if isinstance(calls, list) else []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}: each tool call needs function.name", "messages")
+        args = fn.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad_request(f"{where}: tool call arguments are not valid JSON",
+                                  "messages") from None
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def template_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise bad_request(f"{where}: role must be system, user, assistant or tool",
+                              "messages")
+        msg = {"role": role, "content": _text_content(m.get("content"), where)}
+        if role == "assistant":
+            if isinstance(m.get("reasoning_content"), str):
+                msg["reasoning_content"] = m["reasoning_content"]
+            calls = _tool_calls(m.get("tool_calls"), where)
+            if calls:
+                msg["tool_calls"] = calls
+        if role == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id")
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def tools_of(body: dict) -> list[dict] | None:
+    """The offered tools, or None when there are none or ``tool_choice`` is ``"none"``."""
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools):
+        raise bad_request("tools must be a list of {type: function, function: {name, ...}}",
+                          "tools")
+    if body.get("tool_choice") == "none":
+        return None
+    return [{"type": "function", "function": t["function"]} for t in tools]
+
+
+def check_response_format(body: dict, key: str = "response_format") -> None:
+    rf = body.get(key)
+    kind = rf.get("type") if isinstance(rf, dict) else rf
+    if kind in (None, "text"):
+        return
+    raise ApiError(400, f"{key} {kind!r} is not supported yet: structured output needs "
+                        "grammar masks inside the speculative cycle, which are still being "
+                        "built. Ask for plain text.", param=key, code="unsupported_parameter")
+
+
+def thinking_flag(body: dict) -> bool | None:
+    kw = body.get("chat_template_kwargs")
+    if isinstance(kw, dict) and isinstance(kw.get("enable_thinking"), bool):
+        return kw["enable_thinking"]
+    if isinstance(body.get("enable_thinking"), bool):
+        return body["enable_thinking"]
+    if body.get("reasoning_effort") == "none":
+        return False
+    return None
+
+
+def gen_request(backend: Backend, body: dict, ids: list[int], *, max_key: str = "max_tokens",
+                stop_key: str = "stop", max_temperature: float = 2.0) -> GenRequest:
+    ctx = backend.info.context_length
+    max_tokens = number(body, "max_completion_tokens", None, integer=True, lo=1)
+    if max_tokens is None:
+        max_tokens = number(body, max_key, None, integer=True, lo=1)
+    if number(body, "n", 1, integer=True, lo=1) != 1:
+        raise bad_request("n must be 1 (one choice per request)", "n")
+    return GenRequest(
+        id=new_id("req_"), prompt_ids=tuple(ids), max_tokens=max_tokens or ctx,
+        depth=backend.depth_for(body), sampling=sampling_from(body, max_temperature=max_temperature),
+        seed=seed_of(body), stop_strings=stop_strings(body, stop_key))
+
+
+# ---------------------------------------------------------------------- routes
+
+async def list_models(request: Request) -> JSONResponse:
+    backend: Backend = request.app.state.backend
+    rows = [backend.model_id] + [n for n in _installed_names() if n != backend.model_id]
+    data = [{"id": n, "object": "model", "created": backend.created, "owned_by": "local",
+             "loaded": n == backend.model_id} for n in rows]
+    return JSONResponse({"object": "list", "data": data})
+
+
+def _installed_names() -> list[str]:
+    try:
+        from engine.store import Store
+
+        return [r.name for r in Store().list(include_incomplete=False) if r.loadable]
+    except Exception:  # noqa: BLE001 - an unreadable store only shortens the list
+        return []
+
+
+async def get_model(request: Request) -> JSONResponse:
+    backend: Backend = request.app.state.backend
+    name = backend.resolve_model(request.path_params["model"])
+    return JSONResponse({"id": name, "object": "model", "created": backend.created,
+                         "owned_by": "local"})
+
+
+async def chat_completions(request: Request):
+    backend: Backend = request.app.state.backend
+    body = await read_json(request)
+    model = backend.resolve_model(body.get("model"))
+    messages = template_messages(body.get("messages"))
+    tools = tools_of(body)
+    check_response_format(body)
+    thinking = thinking_flag(body)
+
+    def render(m):
+        ids = chat_prompt_ids(m, messages, tools=tools, enable_thinking=thinking)
+        return ids, prompt_opens_think(m, ids)
+
+    ids, opened = await backend.tokenize(render)
+    req = gen_request(backend, body, ids)
+    parser = ReplyParser(opened_think=opened,
+                         schemas=schemas_of(tools) if tools is not None else None)
+    gen = Generation(backend, req)
+    await gen.start(request)
+    meta = {"id": new_id("chatcmpl-"), "created": int(time.time()), "model": model}
+    if body.get("stream"):
+        opts = body.get("stream_options")
+        usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        return sse.stream(gen, _chat_stream(gen, parser, meta, usage))
+    return await _chat_once(request, gen, parser, meta)
+
+
+def _usage(summary) -> dict:
+    p, c = (summary.prompt_tokens, summary.tokens) if summary else (0, 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": summary.reused_tokens if summary else 0}}
+
+
+async def _chat_once(request: Request, gen: Generation, parser: ReplyParser, meta: dict):
+    text = "".join([ev.text async for ev in gen.events(request)])
+    got = collect(parser, text)
+    msg: dict = {"role": "assistant", "content": got.content if got.content or not got.calls
+                 else None}
+    if got.reasoning:
+        msg["reasoning_content"] = got.reasoning
+    if got.calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments_json}}
+                             for c in got.calls]
+    summary = gen.summary
+    finish = "tool_calls" if got.calls else FINISH.get(summary.finish_reason if summary else None)
+    stats = mtp_stats(summary, gen.req.depth, gen.queued_s)
+    out = {**meta, "object": "chat.completion", "system_fingerprint": None,
+           "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+           "usage": _usage(summary), "mtp": stats}
+    return JSONResponse(out, headers=mtp_headers(stats))
+
+
+def _chunk(meta: dict, delta: dict | None, finish=None, *, with_usage: bool = False,
+           **extra) -> str:
+    """One chunk; ``delta=None`` is the usage chunk (empty ``choices``). With include_usage
+    every other chunk carries ``"usage": null``, as OpenAI's do."""
+    choices = [] if delta is None else [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    obj = {**meta, "object": "chat.completion.chunk", "system_fingerprint": None,
+           "choices": choices, **extra}
+    if with_usage:
+        obj.setdefault("usage", None)
+    return sse.data(obj)
+
+
+def _delta(part) -> dict:
+    if isinstance(part, ToolStart):
+        return {"tool_calls": [{"index": part.index, "id": part.id, "type": "function",
+                                "function": {"name": part.name, "arguments": ""}}]}
+    if isinstance(part, ToolArgs):
+        return {"tool_calls": [{"index": part.index, "function": {"arguments": part.fragment}}]}
+    channel, text = part
+    return {"reasoning_content": text} if channel == "reasoning" else {"content": text}
+
+
+async def _chat_stream(gen: Generation, parser: ReplyParser, meta: dict, usage: bool):
+    yield _chunk(meta, {"role": "assistant", "content": ""}, with_usage=usage)
+    async for ev in gen.events():
+        for part in parser.feed(ev.text) if ev.text else ():
+            if isinstance(part, (tuple, ToolStart, ToolArgs)):
+                yield _chunk(meta, _delta(part), with_usage=usage)
+    for part in parser.flush():
+        if isinstance(part, (tuple, ToolStart, ToolArgs)):
+            yield _chunk(meta, _delta(part), with_usage=usage)
+    summary = gen.summary
+    finish = "tool_calls" if parser.calls else FINISH.get(summary.finish_reason if summary else None)
+    stats = mtp_stats(summary, gen.req.depth, gen.queued_s)
+    yield _chunk(meta, {}, finish, with_usage=usage, mtp=stats)
+    if usage:
+        yield _chunk(meta, None, with_usage=True, usage=_usage(summary), mtp=stats)
+    yield sse.DONE
+
+
+async def completions(request: Request):
+    backend: Backend = request.app.state.backend
+    body = await read_json(request)
+    model = backend.resolve_model(body.get("model"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, str) and prompt:
+        ids = await backend.tokenize(lambda m: text_prompt_ids(m, prompt))
+    else:
+        raise bad_request("prompt must be a non-empty string (or a list of token ids)", "prompt")
+    check_response_format(body)
+    req = gen_request(backend, body, ids, max_key="max_tokens")
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        req = _with_max(req, 16)  # OpenAI's legacy default
+    gen = Generation(backend, req)
+    await gen.start(request)
+    meta = {"id": new_id("cmpl-"), "created": int(time.time()), "model": model}
+    if body.get("stream"):
+        opts = body.get("stream_options")
+        usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        return sse.stream(gen, _completion_stream(gen, meta, usage))
+    text = "".join([ev.text async for ev in gen.events(request)])
+    stats = mtp_stats(gen.summary, req.depth, gen.queued_s)
+    finish = FINISH.get(gen.summary.finish_reason if gen.summary else None)
+    out = {**meta, "object": "text_completion", "system_fingerprint": None,
+           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+           "usage": _usage(gen.summary), "mtp": stats}
+    return JSONResponse(out, headers=mtp_headers(stats))
+
+
+def _with_max(req: GenRequest, n: int) -> GenRequest:
+    from dataclasses import replace
+
+    return replace(req, max_tokens=n)
+
+
+def _cchunk(meta: dict, text: str, finish=None, **extra) -> str:
+    return sse.data({**meta, "object": "text_completion", "choices": [
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra})
+
+
+async def _completion_stream(gen: Generation, meta: dict, usage: bool):
+    async for ev in gen.events():
+        if ev.text:
+            yield _cchunk(meta, ev.text)
+    stats = mtp_stats(gen.summary, gen.req.depth, gen.queued_s)
+    yield _cchunk(meta, "", FINISH.get(gen.summary.finish_reason if gen.summary else None),
+                  mtp=stats)
+    if usage:
+        yield sse.data({**meta, "object": "text_completion", "choices": [],
+                        "usage": _usage(gen.summary), "mtp": stats})
+    yield sse.DONE
