@@ -206,8 +206,7 @@ class Worker(QObject):
             if ev.stats is not None:
                 self.stats.emit(rid, ev.stats)
             if ev.finish_reason is not None:
-                reason = ev.finish_reason
-                break
+                reason = ev.finish_reason  # the last event: the generator ends by itself
         if cancel.is_set():
             reason = "cancelled"
         summary: ReplySummary = replace(tally.summary(), finish_reason=reason)
