@@ -18,6 +18,10 @@ class GenerationError(EngineError):
     """Generation could not run (prompt too long, depth not available...)."""
 
 
+class ChatTemplateError(GenerationError):
+    """The model's chat template did not finish within its time/size budget."""
+
+
 class PromptTooLongError(GenerationError):
     """The prompt does not fit in the model's context window."""
 

@@ -37,7 +37,7 @@ def _print(r: dict) -> None:
 
 
 def run(args) -> int:
-    from engine.inspect import inspect_local, inspect_repo
+    from engine.inspection import inspect_local, inspect_repo
 
     if Path(args.target).expanduser().exists():
         report = inspect_local(Path(args.target).expanduser())
