@@ -77,7 +77,7 @@ def blockers(config: dict, tensors: dict | None, *, names: list[str],
         cfg = parse_config(config)
     except ModelLoadError as exc:
         return [_reason(exc), *out]
-    if not names:
+    if not names and not out:
         out.append("no safetensors weights found")
     if tensors and not out:
         from engine.build import check_build
