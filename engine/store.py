@@ -298,6 +298,14 @@ class Store:
                 return row
         return None
 
+    def find(self, ref: str) -> InstalledModel | None:
+        """The row for a name, a path, or the repo id a model was pulled from."""
+        row = self.get(ref)
+        if row is None:
+            pulled = self._pulled_as(str(ref))
+            row = self.get(str(pulled)) if pulled is not None else None
+        return row
+
     def resolve(self, ref: str | Path) -> Path:
         """A model folder from a path, an installed name, or the repo id it was pulled from."""
         path = Path(ref).expanduser()
@@ -402,9 +410,7 @@ class Store:
     # -- changes
     def delete(self, name: str) -> None:
         """Delete an installed model or an incomplete download. Never the builtin demo."""
-        row = self.get(name)
-        pulled = self._pulled_as(name) if row is None else None
-        row = self.get(str(pulled)) if pulled is not None else row
+        row = self.find(name)
         if row is None:
             raise StoreError(f"no model named {name!r} in {self.root}")
         if not row.deletable:

@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.reliability import broken as b
 
 RM_BUSY = "acme--busy"              # a download of this name holds its lock during the batch
-INSTALLED = {"acme--x": "acme/x", RM_BUSY: "acme/busy"}  # store name -> repo id pulled from
+INSTALLED = {"acme--x": "acme/x", RM_BUSY: "acme/busy", "acme--gone": "acme/gone"}  # store name -> repo id pulled from
 GEN = ["--prompt-ids", "5,6,7", "--max-tokens", "1", "--depth", "0"]
 CHAT = ["--chat", "--prompt", "hi", "--max-tokens", "1", "--depth", "0"]
 NESTED_LOOPS = ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
@@ -122,6 +122,9 @@ NAMES = [
          base=None),
     Case("names", "generate-unknown-name", ("generate", "--model", "nobody/nothing", *GEN), 2,
          ("not found", "nobody/nothing"), base=None),
+    Case("names", "inspect-by-installed-name", ("inspect", "acme--x", "--json"), 0, base=None),
+    Case("names", "rm-by-repo-id", ("rm", "acme/gone", "--yes"), 0, ("deleted acme--gone",),
+         base=None),
     Case("names", "inspect-unknown-name", ("inspect", "not a repo!"), 2,
          ("not a Hugging Face model id",), base=None),
 ]

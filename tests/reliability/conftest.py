@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from tests.tinymodels import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH_TIMEOUT_S = 240
+ONE_CASE_TIMEOUT_S = 40
+MEMORY_LIMIT = 8 * 2**30
 
 
 @pytest.fixture(scope="session")
@@ -80,17 +83,39 @@ def world(bases, tmp_path_factory):
                "root": root, "tmp": tmp, "home": home}
 
 
-@pytest.fixture(scope="session")
-def batch(world) -> dict[str, dict]:
-    cases = [{"id": c.id, "argv": c.argv(world["folders"].get(c.id), world["tmp"])}
-             for c in CASES]
-    proc = subprocess.run([sys.executable, "-m", "tests.reliability.cli_batch"], cwd=ROOT,
-                          env=world["env"], input=json.dumps(cases), capture_output=True,
-                          text=True, timeout=BATCH_TIMEOUT_S)
+def _limit_memory() -> None:
+    # A regression that allocates 10 GB fails here instead of swapping the test machine.
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_batch(cases: list[dict], env: dict, timeout: float) -> dict[str, dict]:
+    """Run ``cases`` in one child process; a hang or crash loses only the cases after it."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.reliability.cli_batch"], cwd=ROOT,
+                              env=env, input=json.dumps(cases), capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=_limit_memory)
+        stdout, info = proc.stdout, {"rc": proc.returncode, "stderr": proc.stderr[-3000:]}
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        info = {"rc": "timeout", "stderr": f"no answer within {timeout} s"}
     results = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("{"):
             r = json.loads(line)
             results[r["id"]] = r
-    results["__batch__"] = {"rc": proc.returncode, "stderr": proc.stderr[-3000:]}
+    results["__batch__"] = info
+    return results
+
+
+@pytest.fixture(scope="session")
+def batch(world) -> dict[str, dict]:
+    """Every case's result. RELIABILITY_ONE_PROCESS_PER_CASE=1 runs each case alone (slow;
+    for measuring a checkout that hangs or crashes on some cases)."""
+    cases = [{"id": c.id, "argv": c.argv(world["folders"].get(c.id), world["tmp"])}
+             for c in CASES]
+    if not os.environ.get("RELIABILITY_ONE_PROCESS_PER_CASE"):
+        return run_batch(cases, world["env"], BATCH_TIMEOUT_S)
+    results: dict[str, dict] = {}
+    for case in cases:
+        results.update(run_batch([case], world["env"], ONE_CASE_TIMEOUT_S))
     return results

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 import engine
-from engine.errors import ChatTemplateError, ModelLoadError
+from engine.errors import ModelLoadError
 from tests.reliability import broken
 from tests.reliability.cases import NESTED_LOOPS
 from tests.reliability.conftest import make_variant
@@ -72,6 +72,8 @@ def test_resolver_and_mark_used(bases, tmp_path, monkeypatch):
 
 
 def test_chat_ids_budget(bases, tmp_path):
+    from engine.errors import ChatTemplateError
+
     folder = make_variant(bases, tmp_path, "tiny", broken.chat_template(NESTED_LOOPS))
     model = engine.load(folder)
     with pytest.raises(ChatTemplateError, match="did not finish"):

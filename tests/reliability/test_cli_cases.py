@@ -51,6 +51,10 @@ def _refused_pulls_not_listed(r, world):
                    if row["status"] == "incomplete")
 
 
+def _gone(r, world):
+    assert not (world["root"] / "acme--gone").exists()
+
+
 def _busy_kept(r, world):
     assert (world["root"] / "acme--busy" / "config.json").is_file()
 
@@ -58,4 +62,4 @@ def _busy_kept(r, world):
 EXTRA = {c.id: _inspect_refuses for c in CASES if c.args[:1] == ("inspect",) and c.rc == 1}
 EXTRA.update({"convert-keeps-foreign-staging": _foreign_staging_kept,
               "list-after-refused-pulls": _refused_pulls_not_listed,
-              "rm-while-downloading": _busy_kept})
+              "rm-while-downloading": _busy_kept, "rm-by-repo-id": _gone})
