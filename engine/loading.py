@@ -31,6 +31,31 @@ def load_arrays(ckpt: Checkpoint) -> dict:
     return weights
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "chat_template.jinja", "chat_template.json")
+MAX_TOKENIZER_FILE = 512 * 2**20
+
+
+def _check_tokenizer_files(folder: Path) -> None:
+    """transformers reads these without limits: a FIFO would hang it, /dev/zero exhaust memory."""
+    import os
+    import stat
+
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ModelLoadError(f"{name} cannot be read ({exc.strerror or exc}).") from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelLoadError(f"{name} is not a regular file ({path}); refusing to read it.")
+        if st.st_size > MAX_TOKENIZER_FILE:
+            raise ModelLoadError(f"{name} is implausibly large ({st.st_size} bytes).")
+
+
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
@@ -38,6 +63,7 @@ def load_tokenizer(folder: Path):
             or (folder / "vocab.json").exists()):
         raise ModelLoadError(
             f"No tokenizer in {folder} (tokenizer.json missing). Download the model's tokenizer files.")
+    _check_tokenizer_files(folder)
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types

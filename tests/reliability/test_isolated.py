@@ -59,6 +59,17 @@ def test_config_json_that_is_not_a_small_regular_file(bases, tmp_path, verb, edi
     _assert_clean(_engine(*args, home=tmp_path / "home"), 2, *words)
 
 
+def test_tokenizer_json_fifo(bases, tmp_path):
+    def fifo(folder: Path) -> None:
+        (folder / "tokenizer.json").unlink()
+        os.mkfifo(folder / "tokenizer.json")
+
+    folder = make_variant(bases, tmp_path, "tiny", fifo)
+    out = _engine("generate", "--model", str(folder), "--prompt-ids", "1", "--max-tokens", "1",
+                  home=tmp_path / "home")
+    _assert_clean(out, 2, "tokenizer.json", "not a regular file")
+
+
 def test_invalid_utf8_argument(tmp_path):
     out = _engine(os.fsdecode(b"generate"), "--prompt", os.fsdecode(b"caf\xe9 \xff"),
                   "--max-tokens", "1", home=tmp_path / "home")
