@@ -135,3 +135,13 @@ def foreign_converting_folder(folder: Path) -> None:
     other = folder.parent / f"{folder.name}-out.converting"
     other.mkdir()
     (other / "precious.txt").write_text("not the converter's")
+
+
+def index_dotdot_to_a_real_shard(folder: Path) -> None:
+    """The index sends one tensor to ``../outside.safetensors``, a real (loadable) shard."""
+    import shutil
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    name = sorted(index["weight_map"])[0]
+    shutil.copy(folder / index["weight_map"][name], folder.parent / "outside.safetensors")
+    index_entry("../outside.safetensors")(folder)
