@@ -1,4 +1,8 @@
-"""Every location the app reads or writes. Nothing is ever written inside the bundle."""
+"""Every location the app reads or writes. Nothing is ever written inside the bundle.
+
+``data_dir`` is ``engine.paths.data_dir`` ($MTPCHAT_HOME overrides every location: tests,
+portable installs); config and logs have their own folders here.
+"""
 from __future__ import annotations
 
 import os
@@ -6,10 +10,10 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.paths import APP_NAME, data_dir, store_root
 from engine.resources import default_model_path, resources_dir
 
-APP_NAME = "MTPChat"
-APP_AUTHOR = "MTPChat"
+APP_AUTHOR = APP_NAME
 
 __all__ = ["resources_dir", "default_model_path", "data_dir", "log_dir", "config_dir",
            "models_dir", "db_path", "log_file"]
@@ -17,14 +21,6 @@ __all__ = ["resources_dir", "default_model_path", "data_dir", "log_dir", "config
 
 def _dirs() -> platformdirs.PlatformDirs:
     return platformdirs.PlatformDirs(APP_NAME, APP_AUTHOR)
-
-
-def data_dir() -> Path:
-    """$MTPCHAT_HOME overrides every location (tests, portable installs)."""
-    home = os.environ.get("MTPCHAT_HOME")
-    p = Path(home) / "data" if home else Path(_dirs().user_data_dir)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def config_dir() -> Path:
@@ -46,7 +42,8 @@ def log_file() -> Path:
 
 
 def models_dir() -> Path:
-    p = data_dir() / "models"
+    """The model store's folder (the user's chosen one, else ``<data dir>/models``)."""
+    p = store_root()
     p.mkdir(parents=True, exist_ok=True)
     return p
 

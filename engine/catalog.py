@@ -116,7 +116,7 @@ def catalog_for_machine(*, store_root: str | Path | None = None,
                         free_fn: Callable[[Path], int] | None = None,
                         path: str | Path | None = None) -> dict:
     """The catalog with verdicts for this machine (memory from psutil, disk at the store)."""
-    from engine.store import store_root as default_store
+    from engine.paths import store_root as default_store
 
     root = Path(store_root) if store_root is not None else default_store()
     data = load_catalog(path)

@@ -1,45 +1,35 @@
 """``python -m engine VERB`` / ``mtpchat-engine VERB``.
 
-Each verb lives in ``engine/commands/<verb>.py`` with ``HELP``, ``add_arguments(parser)``
-and ``run(args) -> int``; they are imported only when used so ``info`` stays fast.
+Each verb lives in ``engine/commands/<verb>.py`` with ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``; those modules import their heavy dependencies inside ``run`` so ``info``
+and ``--help`` stay fast.
+
+Exit codes: 0 success; 1 a verb's own "no" (e.g. ``inspect`` of an unsupported model); 2 a
+usage or input error — every :class:`EngineError`, every ``ValueError`` raised by validation
+and every ``OSError`` comes out as ONE line on stderr (``error: ...``; also as a JSON object on
+stdout with ``--json``), never a traceback (``-v`` logs it); 130 interrupted.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import sys
 
-VERBS: dict[str, str] = {
-    "info": "engine.commands.info",
-    "generate": "engine.commands.generate",
-    "bench": "engine.commands.bench",
-    "tune": "engine.commands.tune",
-    "inspect": "engine.commands.inspect",
-    "convert": "engine.commands.convert",
-    "pull": "engine.commands.pull",
-    "list": "engine.commands.list_models",
-    "rm": "engine.commands.rm",
-    "catalog": "engine.commands.catalog",
-    "train-demo": "engine.commands.train_demo",
-    "serve": "engine.commands.serve",
+from engine.commands import (bench, catalog, convert, generate, info, inspect, list_models, pull,
+                             rm, serve, train_demo, tune)
+
+log = logging.getLogger(__name__)
+
+VERBS = {
+    "info": info, "generate": generate, "bench": bench, "tune": tune, "inspect": inspect,
+    "convert": convert, "pull": pull, "list": list_models, "rm": rm, "catalog": catalog,
+    "train-demo": train_demo, "serve": serve,
 }
+USAGE_ERROR = 2
 
 
-def _available_verbs() -> dict[str, object]:
-    mods = {}
-    for verb, modname in VERBS.items():
-        try:
-            mods[verb] = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:
-            if exc.name == modname:  # verb not implemented yet
-                continue
-            raise
-    return mods
-
-
-def build_parser(mods: dict[str, object]) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     from engine import __version__
 
     parser = argparse.ArgumentParser(
@@ -47,29 +37,54 @@ def build_parser(mods: dict[str, object]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mtpchat-engine {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for verb, mod in mods.items():
-        p = sub.add_parser(verb, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", ""))
+    for verb, mod in VERBS.items():
+        p = sub.add_parser(verb, help=mod.HELP, description=mod.HELP)
         p.add_argument("--json", action="store_true", help="machine-readable output")
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
 
 
+def _bad_utf8(argv: list[str]) -> int | None:
+    """Index of the first argument that is not valid UTF-8 (decoded with surrogateescape)."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return i
+    return None
+
+
+def fail(message: object, *, as_json: bool = False, kind: str = "error") -> int:
+    """Report an error as one line (and as JSON on stdout with --json); return exit code 2."""
+    line = " ".join(str(message).split()) or kind
+    if as_json:
+        print(json.dumps({"error": kind, "message": line}))
+    print(f"error: {line}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine.errors import EngineError
 
-    mods = _available_verbs()
-    args = build_parser(mods).parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    bad = _bad_utf8(argv)
+    if bad is not None:
+        return fail(f"argument {bad + 1} is not valid UTF-8 text")
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    as_json = getattr(args, "json", False)
     try:
         return int(args._run(args) or 0)
-    except EngineError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (EngineError, ValueError, OSError) as exc:
+        log.debug("%s failed", args.verb, exc_info=True)
+        if isinstance(exc, BrokenPipeError):
+            return 0
+        return fail(exc, as_json=as_json, kind=type(exc).__name__)
+    except RecursionError as exc:  # e.g. a pathological input nested too deeply
+        return fail(f"input nested too deeply ({exc})", as_json=as_json, kind="RecursionError")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -2,14 +2,16 @@
 
 The output has shifted norms and transposed conv1d (what mlx-lm writes), plus ``mtp.*``
 tensors. The MTP head is quantized no lower than the trunk and its ``fc`` never below 8 bits
-(MTP_SPEC §2). Writing goes to a staging folder renamed into place at the end, so a
-cancelled or failed conversion never leaves a half-written model behind.
+(MTP_SPEC §2). Writing goes to a fresh temporary folder beside the destination, owned by this
+conversion and renamed into place at the end, so a cancelled or failed conversion never leaves
+a half-written model behind and never touches a folder it did not create.
 """
 from __future__ import annotations
 
 import json
 import logging
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,11 @@ COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
               "generation_config.json", "chat_template.jinja", "chat_template.json",
               "vocab.json", "merges.txt", "tokenizer.model", "README.md", "LICENSE")
 SHARD_BYTES = 4 * 2**30
+GROUP_SIZES = (32, 64, 128)
+
+
+class ConversionError(EngineError):
+    """The conversion's options or destination are not usable."""
 
 
 class ConversionCancelled(EngineError):
@@ -58,22 +65,32 @@ def _save_shards(weights: dict, out: Path) -> None:
         json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1))
 
 
+def check_options(bits: object, group_size: object, dtype: object = None) -> None:
+    """Refuse bad options before any work, with the option named."""
+    if bits is not None and (bits not in (4, 8) or isinstance(bits, bool)):
+        raise ConversionError(f"--bits must be 4 or 8, not {bits!r}.")
+    if group_size not in GROUP_SIZES or isinstance(group_size, bool):
+        raise ConversionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, "
+                              f"not {group_size!r}.")
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ConversionError(f"--dtype must be float32, bfloat16 or float16, not {dtype!r}.")
+
+
 def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_size: int = 64,
             dtype: str | None = None, progress: Callable[[float, str], None] | None = None,
             cancel: threading.Event | None = None) -> Path:
-    """Convert ``src`` to MLX layout in ``dst``. ``bits``: None (no quantization), 4 or 8."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
+    """Convert ``src`` to MLX layout in ``dst``. ``bits``: None (no quantization), 4 or 8.
 
+    The output is written into a fresh temporary folder beside ``dst`` that this call creates
+    (and alone removes on failure), then renamed to ``dst``.
+    """
     from engine.model import load
 
     report = progress or (lambda f, m: None)
     src, dst = Path(src), Path(dst)
-    if bits not in (None, 4, 8):
-        raise EngineError(f"--bits must be 4 or 8, not {bits}.")
-    if dst.exists():
-        raise EngineError(f"{dst} already exists; choose another destination or delete it.")
+    check_options(bits, group_size, dtype)
+    if dst.exists() or dst.is_symlink():
+        raise ConversionError(f"{dst} already exists; choose another destination or delete it.")
     report(0.0, "loading")
     model = load(src, dtype=dtype)
     if model.info.quantization:
@@ -82,45 +99,63 @@ def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_
     quant_cfg = None
     if bits is not None:
         report(0.3, f"quantizing to {bits} bits")
-        nn.quantize(model.trunk, group_size=group_size, bits=bits,
-                    class_predicate=lambda p, m: hasattr(m, "to_quantized")
-                    and getattr(m, "weight", None) is not None and m.weight.shape[-1] % group_size == 0)
-        quant_cfg = {"group_size": group_size, "bits": bits}
-        if model.mtp is not None:
-            def mtp_pred(path: str, m):
-                if not hasattr(m, "to_quantized") or m.weight.shape[-1] % group_size:
-                    return False
-                if path == "fc":
-                    return {"group_size": group_size, "bits": max(bits, 8)}
-                return True
-            nn.quantize(model.mtp, group_size=group_size, bits=bits, class_predicate=mtp_pred)
-            quant_cfg["mtp.fc"] = {"group_size": group_size, "bits": max(bits, 8)}
+        quant_cfg = _quantize(model, bits=bits, group_size=group_size)
     _check_cancel(cancel)
+    report(0.6, "writing")
+    _write(model, src, dst, quant_cfg, cancel)
+    report(1.0, "done")
+    log.info("converted %s -> %s (bits=%s)", src, dst, bits)
+    return dst
+
+
+def _quantize(model, *, bits: int, group_size: int) -> dict:
+    import mlx.nn as nn
+
+    nn.quantize(model.trunk, group_size=group_size, bits=bits,
+                class_predicate=lambda p, m: hasattr(m, "to_quantized")
+                and getattr(m, "weight", None) is not None and m.weight.shape[-1] % group_size == 0)
+    quant_cfg: dict = {"group_size": group_size, "bits": bits}
+    if model.mtp is not None:
+        def mtp_pred(path: str, m):
+            if not hasattr(m, "to_quantized") or m.weight.shape[-1] % group_size:
+                return False
+            if path == "fc":
+                return {"group_size": group_size, "bits": max(bits, 8)}
+            return True
+        nn.quantize(model.mtp, group_size=group_size, bits=bits, class_predicate=mtp_pred)
+        quant_cfg["mtp.fc"] = {"group_size": group_size, "bits": max(bits, 8)}
+    return quant_cfg
+
+
+def _write(model, src: Path, dst: Path, quant_cfg: dict | None,
+           cancel: threading.Event | None) -> None:
+    """Write into a temp folder this call owns, beside ``dst``; rename it into place."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from engine.checkpoint import read_json
+
     weights = dict(tree_flatten(model.trunk.parameters()))
     if model.mtp is not None:
         weights.update({f"mtp.{k}": v for k, v in tree_flatten(model.mtp.parameters())})
-    report(0.6, "writing")
-    staging = dst.with_name(dst.name + ".converting")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
     try:
         mx.eval(weights)
         _save_shards(weights, staging)
         _check_cancel(cancel)
-        config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+        config = read_json(src / "config.json", "config.json")
         config.pop("quantization_config", None)
         if quant_cfg:
             config["quantization"] = quant_cfg
         config["mtpchat_converted_from"] = str(src)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         for name in COPY_FILES:
-            if (src / name).exists():
+            if (src / name).is_file():
                 shutil.copy2(src / name, staging / name)
+        if dst.exists():
+            raise ConversionError(f"{dst} appeared while converting; nothing was replaced.")
         staging.rename(dst)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    report(1.0, "done")
-    log.info("converted %s -> %s (bits=%s)", src, dst, bits)
-    return dst

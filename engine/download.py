@@ -30,10 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine import hub
-from engine.errors import HubError
+from engine.checkpoint import read_config
+from engine.errors import HubError, ModelLoadError
 from engine.hub import (DownloadProgress, DownloadResult, IntegrityError, NotEnoughDiskError,
                         RemoteFile, RepoListing)
-from engine.inspect import needed_file
+from engine.inspection import inspect_local, needed_file
 from engine.store import MANIFEST_FILE, MARKER_DIR, Store, model_name, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -338,7 +339,7 @@ class Downloader:
         HubError subclasses (the partial download is kept for a later resume)."""
         t0 = time.monotonic()
         self.store.ensure()
-        lock = _try_lock(self.store.partial_root / f"{self.name}.lock")
+        lock = self.store.try_lock(self.name)
         if lock is None:
             raise HubError(f"{self.repo_id} is already being downloaded by another process")
         monitor = threading.Thread(target=self._monitor, name="download-monitor", daemon=True)
@@ -372,6 +373,9 @@ class Downloader:
         for i, f in enumerate(files):
             if self.cancel.is_set():
                 raise _Cancelled
+            if f.path.endswith(".safetensors") and i and not files[i - 1].path.endswith(
+                    ".safetensors"):
+                self._check_config()  # before the first (large) weight file
             if not (self.staging / f.path).is_file():
                 self._fetch_file(f, listing.commit)
             self._update(files_done=i + 1, file=f.path, file_bytes_done=f.size,
@@ -384,19 +388,33 @@ class Downloader:
         return DownloadResult(self.repo_id, self.name, "installed", str(dest), total,
                               self._fetched, have, time.monotonic() - t0)
 
+    def _check_config(self) -> None:
+        try:
+            read_config(self.staging)
+        except ModelLoadError as exc:
+            self._refuse(exc)
+
+    def _refuse(self, why: ModelLoadError | str):
+        import shutil
+
+        shutil.rmtree(self.staging, ignore_errors=True)
+        raise hub.UnusableModelError(
+            f"{self.repo_id} cannot be used by MTP Chat: {why} Nothing was installed.")
+
     def _record(self, listing: RepoListing, files: list[RemoteFile]) -> dict:
+        """The install record, after checking the model loads (same checks as the loader)."""
         for f in files:
             p = self.staging / f.path
             if not p.is_file() or p.stat().st_size != f.size:
                 raise IntegrityError(f"{f.path} is missing or has the wrong size after download")
-        from engine.inspect import inspect_local
-
         try:
             info = inspect_local(self.staging)
-            summary = {k: info.get(k) for k in ("family", "quantization", "has_mtp", "layout",
-                                                "parameters", "supported")}
-        except Exception as exc:  # noqa: BLE001 - recorded; the store reports it
-            summary = {"problem": str(exc)}
+        except ModelLoadError as exc:
+            self._refuse(exc)
+        if not info["supported"]:
+            self._refuse("; ".join(r for r in info["reasons"] if r.startswith(("not ", "cannot"))))
+        summary = {k: info.get(k) for k in ("family", "quantization", "has_mtp", "layout",
+                                            "parameters", "supported")}
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": listing.commit,
                 "endpoint": hub.endpoint(), "summary": summary,
                 "files": {f.path: {"size": f.size, "digest": _expected_digest(f)} for f in files}}
@@ -424,22 +442,6 @@ def _free_space(path: Path) -> int:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def _try_lock(path: Path):
-    """An exclusive, non-blocking lock held as long as the returned file stays open."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "a+")  # noqa: SIM115 - closed by the caller
-    try:
-        import fcntl
-
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:  # pragma: no cover
-        return fh
-    except OSError:
-        fh.close()
-        return None
-    return fh
 
 
 def download(repo_id: str, **kw) -> DownloadResult:

@@ -19,6 +19,10 @@ class GenerationError(EngineError, ValueError):
     Also a ``ValueError``: most are invalid arguments."""
 
 
+class ChatTemplateError(GenerationError):
+    """The model's chat template did not finish within its time/size budget."""
+
+
 class PromptTooLongError(GenerationError):
     """The prompt does not fit in the model's context window."""
 

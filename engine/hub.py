@@ -63,6 +63,10 @@ class NotEnoughDiskError(HubError):
     """The disk-space preflight failed, or the disk filled up while writing."""
 
 
+class UnusableModelError(HubError):
+    """The repo's config or weights cannot be loaded by the engine; nothing was installed."""
+
+
 class HubOfflineError(HubNetworkError):
     """HF_HUB_OFFLINE is set."""
 
@@ -151,7 +155,7 @@ def endpoint() -> str:
 
 
 def saved_token_path() -> Path:
-    from engine.store import data_dir
+    from engine.paths import data_dir
 
     return data_dir() / "hf_token"
 

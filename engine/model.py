@@ -43,17 +43,12 @@ class Model:
 
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
-        """Apply the model's chat template (rendered by transformers in a Jinja sandbox)."""
-        kwargs = {}
-        if enable_thinking is not None and self.info.supports_thinking:
-            kwargs["enable_thinking"] = enable_thinking
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise GenerationError("This model has no chat template; use a raw prompt instead.")
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+        """Apply the model's chat template (sandboxed, with a time and size budget)."""
+        from engine.chat_template import chat_ids
+
+        return chat_ids(self.tokenizer, messages, enable_thinking=enable_thinking,
+                        supports_thinking=self.info.supports_thinking,
+                        add_generation_prompt=add_generation_prompt)
 
     def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
                  sampling: SamplingParams | None = None, seed: int | None = None,
@@ -71,112 +66,77 @@ class Model:
         self.prompt_cache = PromptCache()
 
 
-def _build_trunk(cfg: loading.ModelConfig):
-    from mlx_lm.models import qwen3_5, qwen3_5_moe
-
-    module = qwen3_5_moe if cfg.family == "qwen3_5_moe" else qwen3_5
-    text = dict(cfg.text)
-    text.setdefault("model_type", cfg.family)
-    args = module.ModelArgs.from_dict({"model_type": cfg.family, "text_config": text})
-    return module.Model(args)
-
-
-def _quantize(module, weights: dict, quant: dict, prefix: str = "") -> None:
-    import mlx.nn as nn
-
-    def predicate(path: str, m) -> bool | dict:
-        if not hasattr(m, "to_quantized"):
-            return False
-        key = f"{prefix}{path}"
-        if f"{key}.scales" not in weights:
-            return False
-        per = quant.get(key)
-        return per if isinstance(per, dict) else True
-
-    nn.quantize(module, group_size=quant.get("group_size", 64), bits=quant["bits"],
-                class_predicate=predicate)
-
-
-def _apply(module, weights: dict, what: str) -> None:
-    try:
-        module.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
-        raise ModelLoadError(
-            f"The {what} weights do not match config.json: {exc}. The checkpoint is corrupt "
-            "or belongs to a different model size.") from exc
-
-
 def load(path: str | Path, *, dtype: str | None = None) -> Model:
-    """Load a model folder. ``dtype`` ("float32", "bfloat16", "float16") casts float weights."""
+    """Load a model: a folder, an installed model's name, or the repo id it was pulled from.
+
+    ``dtype`` ("float32", "bfloat16", "float16") casts float weights. The config and every
+    safetensors header are validated (``engine.checkpoint``) before the tokenizer is read, and
+    any failure while building becomes a ModelLoadError naming what did not fit.
+    """
     import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.qwen3_5 import TextModelArgs
 
-    from engine.mtp import MTPHead, sanitize_mtp
+    from engine.build import build
+    from engine.checkpoint import read_checkpoint
+    from engine.store import resolve_model
 
-    folder = Path(path).expanduser()
-    cfg = loading.read_config(folder)
+    if dtype is not None and dtype not in _DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}.")
+    folder = resolve_model(path)
+    ckpt = read_checkpoint(folder)
     tokenizer = loading.load_tokenizer(folder)
-    raw_weights = loading.load_weights(folder)
-    raw_layout = loading.is_raw_hf_layout(raw_weights)
-    mtp_raw = {k: v for k, v in raw_weights.items() if k.startswith("mtp.")}
-    trunk_raw = loading.stack_per_expert(
-        {k: v for k, v in raw_weights.items() if not k.startswith("mtp.")})
-
-    trunk = _build_trunk(cfg)
-    try:
-        trunk_w = trunk.sanitize(trunk_raw)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"Unexpected weight layout: {exc}") from exc
-    if cfg.quantization:
-        _quantize(trunk, trunk_w, cfg.quantization)
-    _apply(trunk, trunk_w, "trunk")
-
-    args = TextModelArgs.from_dict(dict(cfg.text))
-    n_mtp = int(cfg.text.get("mtp_num_hidden_layers", 0) or 0)
-    mtp = None
-    notes: list[str] = []
-    if mtp_raw:
-        if n_mtp < 1:
-            n_mtp = 1 + max(int(k.split(".")[2]) for k in mtp_raw if k.startswith("mtp.layers."))
-        mtp = MTPHead(args, num_layers=n_mtp)
-        mtp_w = sanitize_mtp(mtp_raw, shift_norms=raw_layout)
-        if cfg.quantization:
-            _quantize(mtp, {f"mtp.{k}": v for k, v in mtp_w.items()}, cfg.quantization, "mtp.")
-        _apply(mtp, mtp_w, "MTP head")
-    else:
-        notes.append("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
-                     "drop the MTP head; convert from the official Qwen repo to keep it.")
+    built = build(ckpt.config, loading.load_arrays(ckpt))
     if dtype is not None:
-        target = getattr(mx, dtype)
-        for m in (trunk, mtp):
-            if m is None:
-                continue
-            # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log as is.
-            m.load_weights([(k, v.astype(target)) for k, v in tree_flatten(m.parameters())
-                            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log")],
-                           strict=False)
-    mx.eval(trunk.parameters(), mtp.parameters() if mtp else {})
-
-    params = sum(v.size for _, v in tree_flatten(trunk.parameters()))
-    if mtp is not None:
-        params += sum(v.size for _, v in tree_flatten(mtp.parameters()))
-    first = next(iter(trunk_w.values()))
-    template = getattr(tokenizer, "chat_template", None) or ""
-    info = ModelInfo(
-        path=str(folder), name=folder.name, architecture=cfg.architecture, family=cfg.family,
-        layout="hf" if raw_layout else "mlx", num_parameters=int(params),
-        bytes_on_disk=loading.folder_bytes(folder), quantization=cfg.quantization,
-        has_mtp=mtp is not None, mtp_layers=n_mtp if mtp is not None else 0,
-        max_depth=MAX_DEPTH if mtp is not None else 0,
-        context_length=int(cfg.text.get("max_position_embeddings", 32768)),
-        vocab_size=int(cfg.text["vocab_size"]), hidden_size=int(cfg.text["hidden_size"]),
-        num_layers=int(cfg.text["num_hidden_layers"]), dtype=str(dtype or first.dtype).replace("mlx.core.", ""),
-        eos_token_ids=loading.eos_ids(folder, cfg, tokenizer),
-        supports_thinking="enable_thinking" in template, notes=tuple(notes))
+        _cast(built, getattr(mx, dtype))
+    try:
+        mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {})
+    except Exception as exc:  # noqa: BLE001 - e.g. a shard changed on disk while loading
+        raise ModelLoadError(f"The weights could not be read: {exc}. Re-download the model.") \
+            from exc
+    info = _model_info(folder, ckpt, built, tokenizer, dtype)
     log.info("loaded %s (%s, %s layout, %.1fM params, MTP=%s)", info.name, info.family,
              info.layout, info.num_parameters / 1e6, info.has_mtp)
-    return Model(trunk=trunk, mtp=mtp, tokenizer=tokenizer, info=info)
+    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _cast(built, target) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    for m in (built.trunk, built.mtp):
+        if m is None:
+            continue
+        # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log as is.
+        m.load_weights([(k, v.astype(target)) for k, v in tree_flatten(m.parameters())
+                        if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log")],
+                       strict=False)
+
+
+def _model_info(folder: Path, ckpt, built, tokenizer, dtype: str | None) -> ModelInfo:
+    from mlx.utils import tree_flatten
+
+    from engine.paths import folder_size
+
+    cfg = ckpt.config
+    params = sum(v.size for _, v in tree_flatten(built.trunk.parameters()))
+    if built.mtp is not None:
+        params += sum(v.size for _, v in tree_flatten(built.mtp.parameters()))
+    first = next(iter(built.trunk_weights.values()))
+    template = getattr(tokenizer, "chat_template", None) or ""
+    has_mtp = built.mtp is not None
+    return ModelInfo(
+        path=str(folder), name=folder.name, architecture=cfg.architecture, family=cfg.family,
+        layout="hf" if built.raw_layout else "mlx", num_parameters=int(params),
+        bytes_on_disk=folder_size(folder), quantization=cfg.quantization,
+        has_mtp=has_mtp, mtp_layers=built.mtp_layers, max_depth=MAX_DEPTH if has_mtp else 0,
+        context_length=int(cfg.text.get("max_position_embeddings") or 32768),
+        vocab_size=int(cfg.text["vocab_size"]), hidden_size=int(cfg.text["hidden_size"]),
+        num_layers=int(cfg.text["num_hidden_layers"]),
+        dtype=str(dtype or first.dtype).replace("mlx.core.", ""),
+        eos_token_ids=loading.eos_ids(folder, cfg, tokenizer),
+        supports_thinking="enable_thinking" in template, notes=built.notes)
 
 
 __all__ = ["Model", "load", "UnsupportedModelError", "ModelLoadError"]

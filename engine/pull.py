@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from engine.convert import check_options, convert
 from engine.download import Downloader, ProgressFn, _Cancelled
 from engine.errors import HubError
 from engine.hub import DownloadProgress, DownloadResult
@@ -27,7 +28,9 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
     """
     store = store or Store()
     cancel = cancel or threading.Event()
-    convert_fn = _converter() if convert_bits else None
+    convert_fn = convert if convert_bits else None
+    if convert_bits:
+        check_options(convert_bits, group_size)  # refused before anything is downloaded
     # bf16 -> b-bit shrinks weights about 16 / (b + 0.5) times; reserve room for the output.
     extra = (lambda total: int(total * (convert_bits + 0.5) / 16)) if convert_bits else 0
     dl = Downloader(repo_id, revision=revision, store=store, progress=progress, cancel=cancel,
@@ -37,15 +40,6 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
         return result
     return _convert(result, convert_fn, bits=convert_bits, group_size=group_size, store=store,
                     progress=progress, cancel=cancel, revision=revision)
-
-
-def _converter():
-    try:
-        from engine.convert import convert
-    except ImportError as exc:
-        raise HubError("this build of MTP Chat cannot convert models yet (engine.convert is "
-                       f"missing: {exc}); download an MLX build or run without --convert") from exc
-    return convert
 
 
 def _convert_progress(progress: ProgressFn | None, base: DownloadProgress):
@@ -74,11 +68,25 @@ def _convert_progress(progress: ProgressFn | None, base: DownloadProgress):
 def _convert(result: DownloadResult, convert_fn, *, bits: int, group_size: int, store: Store,
              progress: ProgressFn | None, cancel: threading.Event, revision: str
              ) -> DownloadResult:
-    import shutil
-
     t0 = time.monotonic()
     src = Path(result.path)
     name = f"{result.name}-mlx-{bits}bit"
+    lock = store.try_lock(name)
+    if lock is None:
+        raise HubError(f"{name} is already being converted or deleted by another process")
+    try:
+        return _convert_locked(result, convert_fn, src=src, name=name, t0=t0, bits=bits,
+                               group_size=group_size, store=store, progress=progress,
+                               cancel=cancel, revision=revision)
+    finally:
+        lock.close()
+
+
+def _convert_locked(result: DownloadResult, convert_fn, *, src: Path, name: str, t0: float,
+                    bits: int, group_size: int, store: Store, progress: ProgressFn | None,
+                    cancel: threading.Event, revision: str) -> DownloadResult:
+    import shutil
+
     staging = store.staging_path(name)
     shutil.rmtree(staging, ignore_errors=True)  # a conversion restarts from scratch
     base = DownloadProgress(repo_id=result.repo_id, phase="converting", name=name)
@@ -89,9 +97,11 @@ def _convert(result: DownloadResult, convert_fn, *, bits: int, group_size: int, 
                    progress=_convert_progress(progress, base), cancel=cancel)
         if cancel.is_set():
             raise _Cancelled
-        from engine.inspect import inspect_local
+        from engine.inspection import inspect_local
 
         info = inspect_local(staging)
+        if not info["supported"]:
+            raise HubError(f"the converted model does not load: {'; '.join(info['reasons'])}")
         files = {str(p.relative_to(staging)): {"size": p.stat().st_size}
                  for p in staging.rglob("*") if p.is_file() and MARKER_DIR not in p.parts}
         record = {"repo_id": result.repo_id, "revision": revision, "converted_from": result.name,

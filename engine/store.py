@@ -13,6 +13,13 @@ size. A folder that looks like a model but has no marker (copied in by hand) is 
 one whose files do not match its marker is *corrupt*; a staging folder is *incomplete*. The
 embedded demo model is always listed as *builtin*: read-only and not deletable.
 
+Installed rows are validated: a marker whose recorded check failed, or a hand-copied folder
+whose config or safetensors headers do not pass :mod:`engine.checkpoint`, is listed with its
+problem and is not ``loadable``. :meth:`Store.resolve` (and :func:`resolve_model`) turn a
+path, an installed name or a pulled repo id into a folder. Locations live in
+:mod:`engine.paths`; a download, a conversion and a delete of one name exclude each other
+through :meth:`Store.try_lock`.
+
 Per-model facts that must also work for the read-only demo model (last used, the tuner's
 result) live in small JSON files in the data dir, keyed by the model's resolved path.
 """
@@ -30,51 +37,29 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from engine.errors import StoreError
-from engine.resources import default_model_path
+from engine.checkpoint import read_checkpoint
+from engine.errors import ModelLoadError, StoreError, UnsupportedModelError
+from engine.paths import (APP_NAME, data_dir, default_model_path, folder_size, settings_path,
+                          store_root)
+from engine.paths import default_store_root as default_root
 
 log = logging.getLogger(__name__)
 
-APP_NAME = "MTPChat"
 MARKER_DIR = ".mtpchat"
 INSTALLED_FILE = "installed.json"
 MANIFEST_FILE = "download.json"
 PARTIAL_DIR = ".partial"
 TRASH_DIR = ".trash"
 
-Status = Literal["builtin", "installed", "unverified", "corrupt", "incomplete"]
+Status = Literal["builtin", "installed", "unverified", "corrupt", "unsupported", "incomplete"]
+dir_size = folder_size  # the name app/ uses
+
+__all__ = ["InstalledModel", "Store", "data_dir", "default_root", "dir_size", "last_used",
+           "mark_used", "model_name", "read_tuned", "read_tuned_depth", "resolve_model",
+           "set_store_root", "store_root", "write_json_atomic", "write_tuned", "APP_NAME"]
 
 
 # ----------------------------------------------------------------------------- locations
-
-def data_dir() -> Path:
-    """The engine's data dir (same place as app.paths.data_dir; the engine cannot import app)."""
-    home = os.environ.get("MTPCHAT_HOME")
-    if home:
-        p = Path(home) / "data"
-    else:
-        import platformdirs
-
-        p = Path(platformdirs.user_data_dir(APP_NAME, APP_NAME))
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def settings_path() -> Path:
-    return data_dir() / "model_store.json"
-
-
-def default_root() -> Path:
-    return data_dir() / "models"
-
-
-def store_root(override: str | Path | None = None) -> Path:
-    """``override``, else the user's chosen folder (``model_store.json``), else the default."""
-    if override is not None:
-        return Path(override).expanduser()
-    chosen = _read_json(settings_path()).get("models_dir")
-    return Path(chosen).expanduser() if chosen else default_root()
-
 
 def set_store_root(path: str | Path | None) -> None:
     """Remember a new store folder (``None`` goes back to the default). Models are not moved."""
@@ -232,25 +217,34 @@ def model_name(repo_id: str, *, revision: str = "main", suffix: str = "") -> str
     return name
 
 
-def dir_size(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            if p.is_file() and not p.is_symlink():
-                total += p.stat().st_size
-    return total
-
-
 def _looks_like_model(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
 def _summary(path: Path) -> dict:
-    """family / quantization / has_mtp from config.json and the safetensors headers."""
-    from engine.inspect import inspect_local
+    """family / quantization / has_mtp, read and validated by the one checkpoint reader."""
+    ckpt = read_checkpoint(path)
+    return {"family": ckpt.config.family, "quantization": ckpt.config.quantization,
+            "has_mtp": ckpt.has_mtp}
 
-    info = inspect_local(path)
-    return {k: info.get(k) for k in ("family", "quantization", "has_mtp")}
+
+def _problem_status(exc: Exception) -> Status:
+    return "unsupported" if isinstance(exc, UnsupportedModelError) else "corrupt"
+
+
+def resolve_model(ref: str | Path, *, root: str | Path | None = None) -> Path:
+    """The model folder ``ref`` names: a path, an installed model's name (``list``), the demo's
+    name, or the repo id a model was pulled from. Raises ModelLoadError ("Model folder not
+    found") otherwise. The CLI's ``--model``, ``engine.load`` and the app resolve through this.
+    """
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        return Store(root).resolve(ref)
+    except OSError as exc:
+        raise ModelLoadError(f"Model folder not found: {ref} (the model store cannot be read: "
+                             f"{exc})") from exc
 
 
 class Store:
@@ -293,6 +287,10 @@ class Store:
                     rows.append(self._incomplete_row(child))
         return rows
 
+    def loadable(self) -> list[InstalledModel]:
+        """The models the app may offer to load (builtin, installed, unverified but valid)."""
+        return [r for r in self.list(include_incomplete=False) if r.loadable]
+
     def get(self, name_or_path: str) -> InstalledModel | None:
         want = str(name_or_path)
         for row in self.list():
@@ -300,13 +298,62 @@ class Store:
                 return row
         return None
 
+    def find(self, ref: str) -> InstalledModel | None:
+        """The row for a name, a path, or the repo id a model was pulled from."""
+        row = self.get(ref)
+        if row is None:
+            pulled = self._pulled_as(str(ref))
+            row = self.get(str(pulled)) if pulled is not None else None
+        return row
+
+    def resolve(self, ref: str | Path) -> Path:
+        """A model folder from a path, an installed name, or the repo id it was pulled from."""
+        path = Path(ref).expanduser()
+        if path.is_dir():
+            return path
+        text = str(ref).strip()
+        demo = default_model_path()
+        if text == demo.name:
+            return demo
+        if text and not text.startswith(".") and "/" not in text and \
+                (self.root / text).is_dir():
+            return self.root / text
+        pulled = self._pulled_as(text)
+        if pulled is not None:
+            return pulled
+        if any(r.repo_id == text for r in self.list(include_builtin=False)
+               if r.status == "incomplete"):
+            raise ModelLoadError(f"{text} is not fully downloaded yet: finish it with "
+                                 f"`python -m engine pull {text}`.")
+        raise ModelLoadError(f"Model folder not found: {text} (not a folder, nor a model "
+                             f"installed in {self.root}; see `python -m engine list`).")
+
+    def _pulled_as(self, repo_id: str) -> Path | None:
+        """The newest installed model pulled from ``repo_id`` (its conversion if there is one)."""
+        if "/" not in repo_id or not self.root.is_dir():
+            return None
+        found: list[tuple[float, Path]] = []
+        for child in self.root.iterdir():
+            if child.name.startswith(".") or not child.is_dir():
+                continue
+            marker = self.installed_marker(child) or {}
+            rid = marker.get("repo_id")
+            if isinstance(rid, str) and rid.casefold() == repo_id.casefold():
+                stamp = marker.get("installed_at")
+                found.append((stamp if isinstance(stamp, (int, float)) else 0.0, child))
+        return max(found)[1] if found else None
+
+    def mark_used(self, name_or_path: str | Path, *, when: float | None = None) -> None:
+        """Record that a model (by name, repo id or path) was loaded now."""
+        mark_used(self.resolve(name_or_path), when=when)
+
     def installed_marker(self, model_dir: Path) -> dict | None:
         return _read_json(model_dir / MARKER_DIR / INSTALLED_FILE) or None
 
     def _row(self, path: Path, name: str, *, status: Status, **kw) -> InstalledModel:
         row = InstalledModel(
             name=name, path=str(path), status=status, size_bytes=kw.pop("size", None) or
-            (dir_size(path) if path.is_dir() else 0),
+            (folder_size(path) if path.is_dir() else 0),
             tuned_depth=read_tuned_depth(path), last_used=last_used(path),
             read_only=status == "builtin", deletable=status != "builtin", **kw)
         if status in ("builtin", "unverified") and row.family is None:
@@ -315,9 +362,9 @@ class Store:
                                problem="missing", deletable=status != "builtin")
             try:
                 row = replace(row, **_summary(path))
-            except Exception as exc:  # noqa: BLE001 - any unreadable model is reported, not raised
+            except ModelLoadError as exc:  # an unreadable model is reported, not raised
                 row = replace(row, problem=str(exc),
-                              status="corrupt" if status == "unverified" else status)
+                              status=_problem_status(exc) if status == "unverified" else status)
         return row
 
     def _installed_row(self, path: Path) -> InstalledModel:
@@ -328,10 +375,13 @@ class Store:
                                  problem="not installed by MTP Chat (no integrity record)")
             return self._row(path, path.name, status="corrupt",
                              problem="not a model folder (no config.json or weights)")
-        summary = marker.get("summary") or {}
+        summary = marker.get("summary") if isinstance(marker.get("summary"), dict) else {}
         problem = self._check_files(path, marker)
+        status: Status = "corrupt" if problem else "installed"
+        if not problem and (summary.get("problem") or summary.get("supported") is False):
+            status, problem = "unsupported", str(summary.get("problem") or "not supported")
         return self._row(
-            path, path.name, status="corrupt" if problem else "installed", problem=problem,
+            path, path.name, status=status, problem=problem,
             family=summary.get("family"), quantization=summary.get("quantization"),
             has_mtp=summary.get("has_mtp"), repo_id=marker.get("repo_id"),
             revision=marker.get("revision"))
@@ -339,8 +389,10 @@ class Store:
     @staticmethod
     def _check_files(path: Path, marker: dict) -> str | None:
         """Cheap check (existence and size) against the install record."""
-        for rel, meta in (marker.get("files") or {}).items():
+        files = marker.get("files")
+        for rel, meta in (files if isinstance(files, dict) else {}).items():
             f = path / rel
+            meta = meta if isinstance(meta, dict) else {}
             if not f.is_file():
                 return f"missing file {rel}"
             if meta.get("size") is not None and f.stat().st_size != meta["size"]:
@@ -351,14 +403,14 @@ class Store:
         manifest = _read_json(path / MARKER_DIR / MANIFEST_FILE)
         total = sum(int(f.get("size") or 0) for f in manifest.get("files", []))
         return InstalledModel(
-            name=path.name, path=str(path), status="incomplete", size_bytes=dir_size(path),
+            name=path.name, path=str(path), status="incomplete", size_bytes=folder_size(path),
             repo_id=manifest.get("repo_id"), revision=manifest.get("revision"),
             bytes_total=total or None, problem="incomplete — resume to finish the download")
 
     # -- changes
     def delete(self, name: str) -> None:
         """Delete an installed model or an incomplete download. Never the builtin demo."""
-        row = self.get(name)
+        row = self.find(name)
         if row is None:
             raise StoreError(f"no model named {name!r} in {self.root}")
         if not row.deletable:
@@ -366,8 +418,32 @@ class Store:
         path = Path(row.path).resolve()
         if self.root.resolve() not in path.parents:
             raise StoreError(f"refusing to delete {path}: it is outside the store {self.root}")
-        self._remove_tree(path)
+        lock = self.try_lock(row.name)
+        if lock is None:
+            raise StoreError(f"{row.name} is being downloaded or converted right now; cancel "
+                             "that first, then delete it")
+        try:
+            self._remove_tree(path)
+        finally:
+            lock.close()
         log.info("deleted %s", path)
+
+    def try_lock(self, name: str):
+        """``name``'s exclusive lock (held while the returned file stays open), or None when a
+        download, a conversion or a delete of ``name`` holds it (any process)."""
+        self.ensure()
+        path = self.partial_root / f"{name}.lock"
+        fh = open(path, "a+")  # noqa: SIM115 - closed by the caller
+        try:
+            import fcntl
+
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - not a target platform
+            return fh
+        except OSError:
+            fh.close()
+            return None
+        return fh
 
     def _remove_tree(self, path: Path) -> None:
         # Move out of the way first so a crash mid-delete never leaves a half model listed.

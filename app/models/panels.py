@@ -58,7 +58,7 @@ def verdict_chip(verdict: str, parent: QWidget | None = None) -> QLabel:
 def convert_options(report: dict) -> list[tuple[str, int | None, int]]:
     """(label, bits, memory bytes) choices for a checked repo: as published, and conversions
     when the repo is a raw unquantized checkpoint (8-/4-bit shrink the weights ~16/(b+0.5))."""
-    from engine.inspect import memory_needed
+    from engine.inspection import memory_needed
 
     mem = report["memory_needed_bytes"]
     opts: list[tuple[str, int | None, int]] = [("As published", None, mem)]

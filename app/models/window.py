@@ -477,7 +477,7 @@ class ModelsWindow(QMainWindow):
 def _precheck(repo: str, revision: str, root: Path, free_fn, total_memory) -> dict:
     """Runs on the thread pool: inspect the repo and add disk and memory verdicts."""
     from engine.catalog import DISK_MARGIN, free_disk, memory_verdict, warning_for
-    from engine.inspect import inspect_repo
+    from engine.inspection import inspect_repo
 
     report = inspect_repo(repo, revision=revision)
     warn = warning_for(repo)

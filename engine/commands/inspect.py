@@ -8,7 +8,8 @@ HELP = "check a local model folder or a Hub repo before loading/downloading it"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("target", help="a model folder, org/name, or a huggingface.co URL")
+    p.add_argument("target", help="a model folder, an installed model's name, org/name, or a "
+                   "huggingface.co URL")
     p.add_argument("--revision", default=None, help="branch, tag or commit (repos only)")
     p.add_argument("--token", default=None, help="Hugging Face token for gated repos")
 
@@ -36,11 +37,28 @@ def _print(r: dict) -> None:
         print(f"  fix: {r['fix']}")
 
 
-def run(args) -> int:
-    from engine.inspect import inspect_local, inspect_repo
+def _local_folder(target: str) -> Path | None:
+    """A path, or the name of an installed model; None for a Hub repo id or URL."""
+    path = Path(target).expanduser()
+    if path.exists():
+        return path
+    if "/" in target or ":" in target:
+        return None
+    from engine.errors import ModelLoadError
+    from engine.store import resolve_model
 
-    if Path(args.target).expanduser().exists():
-        report = inspect_local(Path(args.target).expanduser())
+    try:
+        return resolve_model(target)
+    except ModelLoadError:
+        return None
+
+
+def run(args) -> int:
+    from engine.inspection import inspect_local, inspect_repo
+
+    local = _local_folder(args.target)
+    if local is not None:
+        report = inspect_local(local)
     else:
         from engine.catalog import warning_for
         from engine.hub import parse_repo_ref

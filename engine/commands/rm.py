@@ -8,7 +8,7 @@ HELP = "delete a model (or an incomplete download) from the store"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("name", help="a name from `list` (or its path)")
+    p.add_argument("name", help="a name from `list`, its path, or the repo id it was pulled from")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--models-dir", default=None, help="store folder (default: the app's)")
 
@@ -18,7 +18,7 @@ def run(args) -> int:
     from engine.store import Store
 
     store = Store(args.models_dir)
-    row = store.get(args.name)
+    row = store.find(args.name)
     if row is None:
         raise StoreError(f"no model named {args.name!r} (see `python -m engine list`)")
     if not args.yes:

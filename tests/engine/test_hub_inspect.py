@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import hub
-from engine.inspect import inspect_local, inspect_repo
+from engine.inspection import inspect_local, inspect_repo
 from tests.fakehub import VALID_TOKEN, FakeHub, point_hf_at, tiny_repos
 
 

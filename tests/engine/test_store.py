@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from engine import catalog, store
 from engine.errors import ModelLoadError, StoreError
-from engine.inspect import inspect_local, parse_header, read_header
+from engine.inspection import inspect_local, parse_header, read_header
 from engine.store import Store
 from tests.tinymodels import build_tiny_model
 

@@ -1,0 +1,95 @@
+"""Every location the engine reads or writes, and safe path arithmetic inside a model folder.
+
+- ``data_dir()``: ``$MTPCHAT_HOME/data``, else platformdirs' user data dir for "MTPChat" (the
+  app's ``app.paths.data_dir`` is this same function).
+- ``store_root()``: the model store — an explicit override, else the folder the user chose
+  (remembered in ``<data dir>/model_store.json``), else ``<data dir>/models``.
+- ``folder_size(path)``: bytes of the regular files under a folder (symlinked files counted by
+  their target; symlinked folders not followed).
+- ``inside(folder, rel)``: a file named by a model's own metadata, refused when it leaves the
+  folder (``..``, an absolute path, or a symlink resolving elsewhere).
+
+Nothing here imports another engine module except ``engine.errors`` and ``engine.resources``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+from engine.resources import default_model_path, resources_dir
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "MTPChat"
+SETTINGS_FILE = "model_store.json"
+
+__all__ = ["APP_NAME", "data_dir", "default_model_path", "default_store_root", "folder_size",
+           "inside", "resources_dir", "settings_path", "store_root"]
+
+
+def data_dir() -> Path:
+    """The data dir (created if needed)."""
+    home = os.environ.get("MTPCHAT_HOME")
+    if home:
+        p = Path(home) / "data"
+    else:
+        import platformdirs
+
+        p = Path(platformdirs.user_data_dir(APP_NAME, APP_NAME))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def settings_path() -> Path:
+    return data_dir() / SETTINGS_FILE
+
+
+def default_store_root() -> Path:
+    return data_dir() / "models"
+
+
+def store_root(override: str | Path | None = None) -> Path:
+    """``override``, else the user's chosen folder (``model_store.json``), else the default."""
+    if override is not None:
+        return Path(override).expanduser()
+    try:
+        chosen = json.loads(settings_path().read_text(encoding="utf-8")).get("models_dir")
+    except (OSError, ValueError, AttributeError):
+        chosen = None
+    return Path(chosen).expanduser() if isinstance(chosen, str) and chosen else default_store_root()
+
+
+def folder_size(path: str | Path) -> int:
+    """Bytes of the regular files under ``path`` (0 for a missing folder)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path, followlinks=False):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+def inside(folder: Path, rel: object, *, what: str) -> Path:
+    """``folder / rel`` when ``rel`` is a plain relative path that stays inside ``folder``."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise ModelLoadError(f"{what} names an invalid file ({rel!r}).")
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or ".." in parts or rel.startswith(("/", "\\")):
+        raise ModelLoadError(f"{what} names {rel!r}, outside the model folder: refused.")
+    path = folder / rel
+    try:
+        real, root = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError) as exc:  # symlink loops
+        raise ModelLoadError(f"{what}: cannot resolve {rel!r} ({exc}).") from exc
+    if root not in real.parents:
+        raise ModelLoadError(
+            f"{what} names {rel!r}, which resolves outside the model folder ({real}): refused.")
+    return path
