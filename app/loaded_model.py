@@ -14,9 +14,14 @@ If the worker ends up without a model it says so (``unloaded``) and ``info`` bec
 """
 from __future__ import annotations
 
+import logging
+
 from PySide6.QtCore import QObject, Signal, Slot
 
+from engine.store import mark_used
 from engine.types import ModelInfo
+
+log = logging.getLogger(__name__)
 
 
 class LoadedModel(QObject):
@@ -58,6 +63,10 @@ class LoadedModel(QObject):
     def on_loaded(self, info: ModelInfo) -> None:
         self.loading_path, self.progress_text, self.error = None, "", ""
         self.info = info
+        try:  # the model manager's "Last used" column
+            mark_used(info.path)
+        except (OSError, ValueError) as exc:  # a read-only data folder: only the column is stale
+            log.warning("cannot record that %s was used: %s", info.path, exc)
         self.changed.emit(info)
         self.status_changed.emit()
 

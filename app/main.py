@@ -49,6 +49,21 @@ def _tell_user(title: str, text: str) -> None:
     QMessageBox.warning(None, title, text)
 
 
+def _startup_failed(exc: BaseException) -> None:
+    """The window could not be built: one line on stderr, a dialog, the traceback in the log,
+    exit 1. ``os._exit``: the worker thread may already run, and Qt aborts the process if
+    the interpreter tears down a running QThread."""
+    import os
+
+    from app.errors import describe
+
+    log.debug("MTP Chat could not start", exc_info=exc)  # the traceback goes to the log file only
+    print(f"mtpchat: could not start: {describe(exc)} (details in the log)", file=sys.stderr)
+    _tell_user("MTP Chat could not start", describe(exc))
+    logging.shutdown()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from app.logging_setup import install_qt_message_handler, setup_logging
@@ -77,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("MTP Chat")
     qapp.setApplicationVersion(__version__)
-    window = MainWindow(model_path=args.model)
+    try:
+        window = MainWindow(model_path=args.model)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: say it, never abort
+        _startup_failed(exc)
     window.show()
     if args.quit_after is not None:
         QTimer.singleShot(int(args.quit_after * 1000), window.close)

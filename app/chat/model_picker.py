@@ -1,27 +1,36 @@
 """The model picker above the conversation: which model, is it loaded, can it speculate.
 
-Lists the embedded demo model, models installed under the models folder, and the current
-model; "Open model folder…" picks any folder. Signal: ``load_requested(str path)``.
+Lists what the model store says can be loaded (the embedded demo model first, then installed
+models of the user's chosen store folder; never a download in progress or a folder that fails
+validation) and the current model; "Open model folder…" picks any folder.
+Signal: ``load_requested(str path)``.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QWidget
 
-from app.paths import default_model_path, models_dir
+from engine.paths import store_root
+from engine.store import Store
 
+log = logging.getLogger(__name__)
 _OPEN = "__open__"
 
 
-def installed_models() -> list[Path]:
-    """Model folders (with a config.json) under the models folder, up to two levels deep."""
-    root = models_dir()
-    found = []
-    for cfg in sorted(root.glob("*/config.json")) + sorted(root.glob("*/*/config.json")):
-        found.append(cfg.parent)
-    return found
+def loadable_models() -> list[tuple[str, str]]:
+    """(label, folder) of every model the store offers for loading, the demo model first."""
+    try:
+        rows = Store().loadable()
+    except OSError as exc:  # an unreadable store folder: the demo and "Open…" still work
+        log.warning("cannot list the model store: %s", exc)
+        from engine.resources import default_model_path
+
+        demo = default_model_path()
+        return [(f"Demo model ({demo.name})", str(demo))]
+    return [(f"Demo model ({r.name})" if r.status == "builtin" else r.name, r.path) for r in rows]
 
 
 def describe_capability(info) -> str:
@@ -67,10 +76,8 @@ class ModelPicker(QWidget):
     def refresh(self) -> None:
         self.combo.blockSignals(True)
         self.combo.clear()
-        demo = default_model_path()
-        self.combo.addItem(f"Demo model ({demo.name})", str(demo))
-        for p in installed_models():
-            self.combo.addItem(p.name, str(p))
+        for label, path in loadable_models():
+            self.combo.addItem(label, path)
         if self.current_path and self.combo.findData(self.current_path) < 0:
             self.combo.addItem(Path(self.current_path).name, self.current_path)
         self.combo.addItem("Open model folder…", _OPEN)
@@ -81,7 +88,7 @@ class ModelPicker(QWidget):
     def _on_activated(self, index: int) -> None:
         path = self.combo.itemData(index)
         if path == _OPEN:
-            path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(models_dir()))
+            path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(store_root()))
             if not path:
                 self.refresh()
                 return

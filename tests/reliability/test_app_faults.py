@@ -159,3 +159,39 @@ def test_no_library_is_missing_on_this_machine_for_xcb(monkeypatch):
 
     monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
     assert platform_check.missing_libraries() == []  # .ci/run installs them all
+
+
+def test_a_read_only_home_starts_and_shows_the_saved_chats(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    home = tmp_path / "home"
+    home.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(home)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        db, texts = _seed(home)
+        subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+        r = _app(home, "--quit-after", "1")
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        assert "cannot write the log file" in r.stderr
+        assert "cannot be written" in r.stderr and "Your chats are shown" in r.stderr
+        subprocess.run(["mount", "-o", "remount,rw", str(home)], check=True)
+        assert _saved(db) == texts
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def test_a_window_that_cannot_be_built_exits_1_with_one_line(tmp_path):
+    # A bug anywhere in building the window stands in for every start-up failure.
+    (tmp_path / "data").mkdir()
+    code = ("import sys, app.chat.main_window as mw\n"
+            "def boom(*a, **k): raise RuntimeError('simulated start-up bug')\n"
+            "mw.MainWindow.__init__ = boom\n"
+            "from app.main import main\n"
+            "sys.exit(main(['--quit-after', '1']))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "could not start: Internal error: RuntimeError: simulated start-up bug" in r.stderr
