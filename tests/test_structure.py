@@ -1,25 +1,33 @@
-"""Structure of ``app/``: no import cycles between its modules (imports inside functions
-included) and no function over 60 lines."""
+"""Structure of ``engine/`` and ``app/``: no import cycles between their modules (imports
+inside functions included) and no function over 60 lines (templates excepted, named below)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-APP = Path(__file__).resolve().parents[2] / "app"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("engine", "app")
 MAX_FUNCTION_LINES = 60
+# Functions that are text templates, not logic: their length is the document's.
+TEMPLATES = {"engine/training/readme.py:render"}
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(APP.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _files() -> list[Path]:
+    return [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+
+
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(APP.rglob("*.py"))}
+    return {_module_name(p): p for p in _files()}
 
 
 def _imported(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
-    """The ``app`` modules ``tree`` imports, wherever the import statement is."""
+    """The project modules ``tree`` imports, wherever the import statement is. A module's own
+    ancestor packages are left out: Python imports them before the module in any case."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -39,7 +47,7 @@ def _imported(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> 
             if name in known:
                 out.add(name)
     out.discard(module)
-    return out
+    return {m for m in out if not module.startswith(m + ".")}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -77,16 +85,17 @@ def test_the_graph_sees_function_level_imports():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-def test_no_import_cycles_in_app():
+def test_no_import_cycles():
     assert find_cycle(import_graph()) is None
 
 
-def test_no_long_functions_in_app():
+def test_no_long_functions():
     long = []
-    for path in sorted(APP.rglob("*.py")):
+    for path in _files():
+        rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
-                if n > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(APP.parent)}:{node.lineno} {node.name} ({n})")
+                if n > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in TEMPLATES:
+                    long.append(f"{rel}:{node.lineno} {node.name} ({n})")
     assert long == []
