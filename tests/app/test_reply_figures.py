@@ -1,5 +1,6 @@
 """One reply, one set of figures: the chat's stats line, the dashboard (header and "At a
-glance") and ``engine.summary`` give the same tok/s, acceptance rate and token counts; and the
+glance"), ``generate --json``'s report and ``engine.summary`` give the same tok/s, acceptance
+rate and token counts; and the
 loaded model is the same in every view, also after a failed load."""
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from app.fake_engine import FakeModel, make_fake_loader
 from engine.errors import UnsupportedModelError
 from engine.resources import default_model_path
-from engine.summary import summarize
+from engine.commands.generate import json_report
+from engine.summary import ReplyTally, summarize
 from engine.types import CycleStats, Event, PrefillStats
 from tests.app.chat_fixtures import Relay, make_window, send
 
@@ -28,6 +30,13 @@ def _events(relay: Relay, summary) -> list[Event]:
             + [Event(token_ids=c.emitted, stats=c) for c in cycles])
 
 
+def _cli_report(events: list[Event]) -> dict:
+    tally = ReplyTally()
+    for ev in events:
+        tally.add(ev)
+    return json_report(tally)
+
+
 def _check_one_reply(qtbot, w) -> None:
     dash = w.aux.show_dashboard()
     relay = Relay(w.worker)
@@ -39,6 +48,10 @@ def _check_one_reply(qtbot, w) -> None:
     assert summary.draft_acceptance == pytest.approx(expected.draft_acceptance)
     assert summary.drafted > 0  # the reply speculated: there is an acceptance rate to show
     assert (summary.tokens, summary.cycles) == (expected.tokens, expected.cycles)
+    cli = _cli_report(_events(relay, summary))["stats"]  # what `generate --json` prints
+    assert cli["decode_tokens_per_s"] == round(expected.tokens_per_s, 3)
+    assert cli["draft_acceptance"] == pytest.approx(expected.draft_acceptance)
+    assert (cli["tokens"], cli["cycles"]) == (expected.tokens, expected.cycles)
 
     tps = f"{expected.tokens_per_s:.1f} tok/s"
     acceptance = f"acceptance rate {expected.draft_acceptance:.0%}"
