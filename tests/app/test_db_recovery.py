@@ -5,15 +5,14 @@ elsewhere they are skipped with the reason.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from app.db import SCHEMA_VERSION, ChatStore, open_chat_store
+from tests.tmpfs import fill, remount, tmpfs
 
 
 def _filled(path: Path, n: int = 40) -> list[str]:
@@ -111,27 +110,11 @@ def test_a_data_folder_that_cannot_be_created(tmp_path):
     store.create_conversation()
 
 
-@contextlib.contextmanager
-def _tmpfs(tmp_path: Path, size: str = "256k"):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_a_read_only_location_shows_the_chats_without_saving(tmp_path):
-    with _tmpfs(tmp_path) as mnt:
+    with tmpfs(tmp_path / "mnt", "256k") as mnt:
         path = mnt / "chats.sqlite3"
         texts = _filled(path, n=5)
-        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        remount(mnt, "ro")
         store, notice = _open(path)
         assert notice.kind == "read_only", notice
         cid = store.conversations()[0].id
@@ -141,14 +124,10 @@ def test_a_read_only_location_shows_the_chats_without_saving(tmp_path):
 
 
 def test_a_full_disk_at_start_opens_read_only_and_loses_nothing(tmp_path):
-    with _tmpfs(tmp_path, size="512k") as mnt:
+    with tmpfs(tmp_path / "mnt", "512k") as mnt:
         path = mnt / "chats.sqlite3"
         texts = _filled(path, n=5)
-        with contextlib.suppress(OSError):
-            with open(mnt / "filler", "wb") as f:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+        fill(mnt / "filler")
         store, notice = _open(path)
         assert notice is not None and notice.kind in ("read_only", "unsaved"), notice
         assert "cannot be written" in notice.message

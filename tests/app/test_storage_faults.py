@@ -3,53 +3,28 @@ UI is never stuck, and everything is saved once there is room again (a real tmpf
 tests run as root, as CI does)."""
 from __future__ import annotations
 
-import contextlib
-import os
 import sqlite3
-import subprocess
 
 import pytest
 
 from app.chat import session as session_mod
 from app.fake_engine import DEFAULT_SCRIPT, FakeModel
 from tests.app.chat_fixtures import make_window, send
+from tests.tmpfs import fill, tmpfs
 
 pytestmark = pytest.mark.gui
 
 
-@contextlib.contextmanager
-def _tmpfs(tmp_path, size="1m"):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(path) -> None:
-    with contextlib.suppress(OSError), open(path, "wb") as f:
-        while True:
-            f.write(b"\0" * 16384)
-            f.flush()
-
-
 def test_disk_full_during_a_reply_keeps_it_and_saves_it_later(qtbot, tmp_path, monkeypatch):
     monkeypatch.setattr(session_mod, "RETRY_MS", 100)
-    with _tmpfs(tmp_path) as mnt:
+    with tmpfs(tmp_path / "mnt") as mnt:
         w = make_window(qtbot, mnt, FakeModel(tokens_per_second=400), db_name="chats.db")
         send(qtbot, w, "first")  # saved normally
         conv = w.current_conv
         before = [(m.role, m.content) for m in w.store.messages(conv)]
         send(qtbot, w, "second", wait=False)
         qtbot.waitUntil(lambda: any(s.content for s in w.session.streams.values()), timeout=5000)
-        _fill(mnt / "filler")
+        fill(mnt / "filler")
         qtbot.waitUntil(lambda: not w.session.streams, timeout=20000)
         assert w.session.storage_error is not None
         assert w.storage_banner.isVisible() and "cannot be saved" in w.storage_banner.text()

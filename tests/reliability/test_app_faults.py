@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.db import ChatStore
+from tests.tmpfs import remount, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,24 +163,16 @@ def test_no_library_is_missing_on_this_machine_for_xcb(monkeypatch):
 
 
 def test_a_read_only_home_starts_and_shows_the_saved_chats(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    home = tmp_path / "home"
-    home.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(home)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "home", "2m") as home:
         db, texts = _seed(home)
-        subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+        remount(home, "ro")
         r = _app(home, "--quit-after", "1")
         assert r.returncode == 0, r.stderr
         assert "Traceback" not in r.stderr
         assert "cannot write the log file" in r.stderr
         assert "cannot be written" in r.stderr and "Your chats are shown" in r.stderr
-        subprocess.run(["mount", "-o", "remount,rw", str(home)], check=True)
+        remount(home, "rw")
         assert _saved(db) == texts
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
 
 
 def test_a_window_that_cannot_be_built_exits_1_with_one_line(tmp_path):
