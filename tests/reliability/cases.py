@@ -158,7 +158,7 @@ TEMPLATES = [
 
 CLI = [
     Case("cli", "prompt-ids-not-int", ("generate", "--model", "{m}", "--prompt-ids", "1,x"), 2,
-         ("invalid literal",)),
+         ("comma-separated integers", "1,x")),
     Case("cli", "depth-word", ("generate", "--model", "{m}", "--prompt-ids", "1", "--depth",
                                "deep"), 2, ("--depth",)),
     Case("cli", "rm-unknown", ("rm", "nothing-here", "--yes"), 2, ("no model named",),
