@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +64,11 @@ from engine.types import Event, SamplingParams
 log = logging.getLogger(__name__)
 
 Loader = Callable[[str], Any]
+# The GIL switch interval while the app runs (Python's default is 5 ms). The engine thread
+# releases the GIL inside every MLX evaluation and needs it back right after; while the GUI
+# thread runs Python (rendering a streamed update, repainting the dashboard) it waited up to
+# the whole interval each time, several times per cycle.
+GIL_SWITCH_S = 0.001
 CHAT = "chat"  # the scheduler client name of the chat's replies
 MAX_QUEUE = 64
 
@@ -305,6 +311,7 @@ class WorkerThread:
     """Owns the QThread the worker lives on; ``shutdown`` cancels, quits and joins."""
 
     def __init__(self, *, loader: Loader | None = None) -> None:
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.thread = QThread()
         self.thread.setObjectName("mtpchat-worker")
         self.worker = Worker(loader=loader)
