@@ -9,7 +9,8 @@ Pieces (logic apart from widgets, as in the rest of the app):
 - ``ServerSettings``: the preference (on at start, port, optional API key), stored as the
   ``local_server`` app setting.
 - ``ServerControl`` (QObject, GUI thread): starts and stops ``engine.server.runner.Server``
-  over ``worker.scheduler``; ``changed()`` whenever ``state`` / ``error`` / ``requests``
+  over ``worker.scheduler``; follows the ``LoadedModel`` (starts once a model is loaded,
+  serves the next one after a switch, cancels its requests when a load begins); ``changed()`` whenever ``state`` / ``error`` / ``requests``
   change. States: "off", "waiting" (on, no model loaded yet), "serving", "stopping",
   "error" (``error`` says why, e.g. the port is in use). Turning it off drains in the
   background (in-flight requests get ``DRAIN_S`` seconds, then are cancelled) and frees the
@@ -92,6 +93,7 @@ class ServerControl(QObject):
         self._timer.timeout.connect(self.on_poll)
         self._stopped.connect(self.on_stopped)
         model.changed.connect(self.on_model_changed)
+        model.status_changed.connect(self.on_model_status)
         if self.settings.enabled:
             self._start()
 
@@ -216,6 +218,13 @@ class ServerControl(QObject):
             log.info("the local server now serves %s", info.name)
         elif self.settings.enabled and self.state in ("waiting", "off", "error"):
             self._start()
+
+    @Slot()
+    def on_model_status(self) -> None:
+        """Another model is being loaded: end the server's requests (as the chat's reply is
+        stopped), so the load does not wait behind them."""
+        if self.model.loading_path is not None:
+            self.worker.scheduler.cancel_all(CLIENT)
 
     @Slot()
     def on_poll(self) -> None:

@@ -238,3 +238,22 @@ def test_demo_model_served_from_the_app_to_the_openai_client(qtbot, tmp_path):
         assert w.store.messages(w.current_conv)[-1].meta["status"] == "done"
     finally:
         w.close()
+
+
+def test_loading_another_model_cancels_server_requests_then_serves_it(qtbot, window, tmp_path):
+    w, fake = window
+    fake.tokens_per_second, fake.repeat_to = 50, 5000
+    c = serve(qtbot, w, free_port())
+    out: dict = {}
+    t = threading.Thread(target=_chat_completion, args=(c.url, out), kwargs={"max_tokens": 5000})
+    t.start()
+    qtbot.waitUntil(lambda: c.requests == 1 and bool(fake.calls), timeout=10_000)
+    other = tmp_path / "other-model"
+    other.mkdir()
+    t0 = time.monotonic()
+    w.load_model(str(other))
+    qtbot.waitUntil(lambda: w.model.ready and w.model.info.path == str(other), timeout=10_000)
+    assert time.monotonic() - t0 < 5  # the load did not wait for 5,000 tokens
+    t.join(30)
+    assert out["status"] == 200  # the request ended (cancelled), the client got its answer
+    assert c.state == "serving" and c.server.backend.info.path == str(other)
