@@ -4,8 +4,8 @@ Drives the real main window (offscreen unless a platform is set) over the real e
 round sends the prompt through the composer and waits for the streamed reply, then runs the
 same prompt at the same settings through ``python -m engine generate --json`` (a subprocess,
 ``--reference cli``) and/or ``Model.generate`` on this process's main thread with the window
-idle (``--reference inprocess``). Rounds alternate app and reference so a machine shared with
-other work slows both alike. The figure compared is the reply's ``ReplySummary.tokens_per_s``
+idle (``--reference inprocess``). Logging is set up as ``python -m app`` sets it up. Rounds
+alternate app and reference so a machine shared with other work slows both alike. The figure compared is the reply's ``ReplySummary.tokens_per_s``
 (decode tokens over the decode cycles' own wall time, the engine's one definition), whoever
 consumed the events; the goal is app / reference >= 0.9 (issue 16, defect 10).
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -198,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")
     from PySide6.QtWidgets import QApplication
 
+    from app.logging_setup import install_qt_message_handler, setup_logging
     from app.paths import default_model_path
+
+    setup_logging(logging.WARNING)  # as the app does (a DEBUG log file, Qt messages routed)
+    install_qt_message_handler()
 
     path = str(args.model or default_model_path())
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
