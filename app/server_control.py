@@ -118,6 +118,8 @@ class ServerControl(QObject):
     def set_enabled(self, on: bool) -> None:
         """The switch: remember the choice, then start or stop."""
         self._save(replace(self.settings, enabled=bool(on)))
+        if on and self.state == "stopping":
+            return  # on_stopped starts it again once the port is free
         if on:
             self._start()
         else:
@@ -136,7 +138,9 @@ class ServerControl(QObject):
             self._stop(drain_s=DRAIN_S)
 
     def shutdown(self) -> None:
-        """The app is quitting: stop serving now and wait (the preference is kept)."""
+        """The app is quitting: stop serving now and wait (the preference is kept). Every
+        request is cancelled first, so none waits behind a reply that would still run."""
+        self.worker.scheduler.cancel_all()
         self._stop(drain_s=0.0, wait=True)
         for t in self._stoppers:
             t.join(20)
@@ -163,7 +167,9 @@ class ServerControl(QObject):
             self.server = Server(self.worker.scheduler, host=HOST, port=self.settings.port,
                                  api_key=self.settings.api_key or None, shared=True,
                                  drain_s=DRAIN_S).start(timeout=15)
-        except (ServerStartError, OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - nothing escapes a slot; the bar says why
+            if not isinstance(exc, (ServerStartError, OSError, ValueError)):
+                log.exception("the local server did not start")
             log.warning("the local server did not start: %s", exc)
             self.server = None
             self._set_state("error", str(exc))

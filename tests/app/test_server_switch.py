@@ -257,3 +257,21 @@ def test_loading_another_model_cancels_server_requests_then_serves_it(qtbot, win
     t.join(30)
     assert out["status"] == 200  # the request ended (cancelled), the client got its answer
     assert c.state == "serving" and c.server.backend.info.path == str(other)
+
+
+def test_quitting_mid_reply_with_a_server_request_waiting_is_prompt(qtbot, tmp_path):
+    fake = FakeModel(tokens_per_second=50, repeat_to=5000)
+    w = make_window(qtbot, tmp_path, fake)
+    port = free_port()
+    c = serve(qtbot, w, port)
+    w.composer.edit.setPlainText("a long reply")
+    w.composer.button.click()
+    out: dict = {}
+    t = threading.Thread(target=_chat_completion, args=(c.url, out))
+    t.start()
+    qtbot.waitUntil(lambda: c.requests == 1, timeout=10_000)  # waiting behind the chat
+    t0 = time.monotonic()
+    w.close()
+    assert time.monotonic() - t0 < 5
+    t.join(20)
+    assert not t.is_alive() and port_is_free(port)
