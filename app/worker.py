@@ -1,13 +1,20 @@
-"""The worker: the only caller of the engine. A QObject living on its own QThread.
+"""The worker: the only caller of the engine. A QObject living on its own QThread, which
+loads the models and hosts the engine's scheduler (``engine.server.scheduler.Scheduler``):
+chat replies and local-server requests queue together in its FIFO and run one at a time on
+this thread, so they never race for the model (MLX streams are thread-local).
 
 Contract
 --------
-Slots (run on the worker thread; call them through queued signals or ``submit``/``load_model``):
+Called from any thread:
 
-- ``load(path)``: loads a model with the injected ``loader`` (default ``engine.load``).
-- ``generate(request)``: runs one ``GenerationRequest``; streams ``delta``/``stats``.
-- ``tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if it
-  is another model); ``cancel_tune()`` stops it (the result then has ``cancelled=True``).
+- ``load_model(path)``: loads a model with the injected ``loader`` (default ``engine.load``)
+  on the worker thread and hands it to the scheduler.
+- ``submit(request)``: queues one ``GenerationRequest`` in the scheduler (its chat template is
+  rendered on the worker thread when it starts); streams ``delta``/``stats``.
+- ``start_tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if
+  it is another model); ``cancel_tune()`` stops it (the result then has ``cancelled=True``).
+- ``scheduler``: the shared scheduler; the local server (``app.server_control``) submits
+  its requests there too.
 
 Signals (emitted from the worker thread, delivered queued to UI objects):
 
@@ -20,34 +27,50 @@ Signals (emitted from the worker thread, delivered queued to UI objects):
   ``summary`` is the reply's ``engine.summary.ReplySummary`` (the only source of its tok/s and
   acceptance figures).
 - ``failed(request_id, message)``: the request ended with an error (never both finished and failed).
+- ``server_stats(request_id, obj)`` / ``server_finished(request_id, reason, summary)``: the same
+  for requests of other clients (the local server), with negative request ids, so the
+  dashboard can show them; the chat's own signals carry only chat replies.
 - ``tune_progress(done, total, message)``, ``tune_finished(TuneResult)``, ``tune_failed(str)``.
 
 Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
 and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
 exceptions become messages through ``app.errors.describe`` (``EngineError`` verbatim), and the
 traceback of anything else is logged.
+
+Per token the worker does as little as it can: one queued ``delta`` and one ``stats`` per cycle
+(not per token), no text work; the time between the engine's yields counts in its tok/s.
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 import engine
 from app.errors import describe
 from engine import tuner
 from engine.errors import EngineError
-from engine.summary import ReplySummary, ReplyTally
-from engine.types import SamplingParams
+from engine.server.scheduler import (
+    Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
+from engine.types import Event, SamplingParams
 
 log = logging.getLogger(__name__)
 
 Loader = Callable[[str], Any]
+# The GIL switch interval while the app runs (Python's default is 5 ms). The engine thread
+# releases the GIL inside every MLX evaluation and needs it back right after; while the GUI
+# thread runs Python (rendering a streamed update, repainting the dashboard) it waited up to
+# the whole interval each time, several times per cycle.
+GIL_SWITCH_S = 0.001
+CHAT = "chat"  # the scheduler client name of the chat's replies
+MAX_QUEUE = 64
 
 
 @dataclass(frozen=True)
@@ -79,12 +102,14 @@ class Worker(QObject):
     stats = Signal(int, object)
     finished = Signal(int, str, object)
     failed = Signal(int, str)
+    server_stats = Signal(int, object)
+    server_finished = Signal(int, str, object)
     tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
     tune_failed = Signal(str)
 
     _sig_load = Signal(str)
-    _sig_generate = Signal(object)
+    _sig_wake = Signal()
     _sig_tune = Signal(str)
 
     def __init__(self, *, loader: Loader | None = None) -> None:
@@ -94,8 +119,13 @@ class Worker(QObject):
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}
         self._tune_cancel = threading.Event()
+        self._other_ids: dict[str, int] = {}
+        self._other_seq = itertools.count(1)
+        self.scheduler = Scheduler.hosted(self._sig_wake.emit, max_queue=MAX_QUEUE)
+        self.scheduler.add_observer(self._observe)
         self._sig_load.connect(self.load)
-        self._sig_generate.connect(self.generate)
+        # queued even when emitted on the worker thread: one request per event-loop turn
+        self._sig_wake.connect(self.on_wake, Qt.ConnectionType.QueuedConnection)
         self._sig_tune.connect(self.tune)
 
     # -- called from any thread ------------------------------------------------------------
@@ -104,9 +134,21 @@ class Worker(QObject):
 
     def submit(self, request: GenerationRequest) -> None:
         """Queue ``request``; ``cancel(request.request_id)`` works even before it starts."""
+        cancel = threading.Event()
         with self._lock:
-            self._cancels[request.request_id] = threading.Event()
-        self._sig_generate.emit(request)
+            self._cancels[request.request_id] = cancel
+        req = GenRequest(
+            id=f"{CHAT}-{request.request_id}", prompt_ids=(), max_tokens=request.max_tokens,
+            depth=request.depth, sampling=request.sampling, seed=request.seed,
+            stop_strings=request.stop_strings, cancel=cancel, client=CHAT,
+            render=lambda model: self._render(request, model))
+        try:
+            self.scheduler.submit(req, lambda item: self._on_item(request.request_id, cancel, item))
+        except (QueueFull, SchedulerClosed) as exc:
+            self._forget(request.request_id)
+            self.failed.emit(request.request_id, f"The reply could not be queued: {exc}.")
+
+    generate = submit
 
     def start_tune(self, path: str = "") -> None:
         self._tune_cancel.clear()
@@ -126,6 +168,7 @@ class Worker(QObject):
             events = list(self._cancels.values())
         for ev in events:
             ev.set()
+        self.scheduler.cancel_all()
         self._tune_cancel.set()
 
     @property
@@ -134,6 +177,14 @@ class Worker(QObject):
         return model.info if model is not None else None
 
     # -- slots (worker thread) ---------------------------------------------------------------
+    @Slot()
+    def on_wake(self) -> None:
+        """Run the scheduler's next request (chat or server) to its end."""
+        try:
+            self.scheduler.run_next()
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._log_unexpected(exc, "the scheduler")
+
     @Slot(str)
     def load(self, path: str) -> None:
         try:
@@ -145,16 +196,20 @@ class Worker(QObject):
     def _load(self, path: str) -> None:
         previous = self._model.info.path if self._model is not None else None
         self.loading.emit(f"Loading {path}…")
-        self._model = None  # free the previous model before reading the next one
+        self._set_model(None)  # free the previous model before reading the next one
         t0 = time.perf_counter()
         try:
             model = self._loader(path)
         except BaseException:
             self._restore(previous)
             raise
-        self._model = model
+        self._set_model(model)
         log.info("loaded %s in %.2f s", path, time.perf_counter() - t0)
         self.loaded.emit(model.info)
+
+    def _set_model(self, model: Any) -> None:
+        self._model = model
+        self.scheduler.set_model(model)
 
     def _restore(self, path: str | None) -> None:
         """After a failed load: load the previous model again (the app keeps using it)."""
@@ -162,55 +217,54 @@ class Worker(QObject):
             return
         self.loading.emit(f"Loading {path} again…")
         try:
-            self._model = self._loader(path)
+            self._set_model(self._loader(path))
         except BaseException as exc:  # noqa: BLE001 - the original failure is what is reported
             log.error("could not reload the previous model %s: %s", path, exc)
             self.unloaded.emit()
 
-    @Slot(object)
-    def generate(self, request: GenerationRequest) -> None:
-        rid = request.request_id
-        with self._lock:
-            cancel = self._cancels.setdefault(rid, threading.Event())
-        try:
-            self._generate(request, cancel)
-        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
-            self._log_unexpected(exc, f"request {rid}")
-            self.failed.emit(rid, describe(exc))
-        finally:
-            with self._lock:
-                self._cancels.pop(rid, None)
-
-    def _generate(self, req: GenerationRequest, cancel: threading.Event) -> None:
-        rid = req.request_id
-        tally = ReplyTally()
-        if cancel.is_set():
-            self.finished.emit(rid, "cancelled", tally.summary())
-            return
-        model = self._model
-        if model is None:
-            raise EngineError("No model is loaded yet.")
+    # -- a chat reply, on the worker thread (called by the scheduler) ------------------------
+    def _render(self, req: GenerationRequest, model: Any) -> list[int]:
         ids = model.chat_ids(list(req.messages), enable_thinking=req.enable_thinking)
         if self._prompt_opens_think(model, ids):
-            self.delta.emit(rid, "<think>\n", [], [])
-        reason = "stop"
-        for ev in model.generate(ids, max_tokens=req.max_tokens, depth=req.depth,
-                                 sampling=req.sampling, seed=req.seed, cancel=cancel,
-                                 stop_strings=req.stop_strings):
-            tally.add(ev)
-            if ev.prefill is not None:
-                self.stats.emit(rid, ev.prefill)
-            if ev.token_ids or ev.text:
-                flags = list(ev.stats.from_draft) if ev.stats is not None else []
-                self.delta.emit(rid, ev.text, list(ev.token_ids), flags)
-            if ev.stats is not None:
-                self.stats.emit(rid, ev.stats)
-            if ev.finish_reason is not None:
-                reason = ev.finish_reason  # the last event: the generator ends by itself
-        if cancel.is_set():
-            reason = "cancelled"
-        summary: ReplySummary = replace(tally.summary(), finish_reason=reason)
-        self.finished.emit(rid, reason, summary)
+            self.delta.emit(req.request_id, "<think>\n", [], [])
+        return ids
+
+    def _on_item(self, rid: int, cancel: threading.Event, item: Item) -> None:
+        """The chat reply's sink: one ``delta`` and one ``stats`` per cycle, then the end."""
+        if isinstance(item, Event):
+            if item.prefill is not None:
+                self.stats.emit(rid, item.prefill)
+            if item.token_ids or item.text:
+                flags = list(item.stats.from_draft) if item.stats is not None else []
+                self.delta.emit(rid, item.text, list(item.token_ids), flags)
+            if item.stats is not None:
+                self.stats.emit(rid, item.stats)
+            return
+        if isinstance(item, Done):
+            reason = "cancelled" if cancel.is_set() else (item.summary.finish_reason or "stop")
+            self._forget(rid)
+            self.finished.emit(rid, reason, replace(item.summary, finish_reason=reason))
+        elif isinstance(item, Failed):
+            self._forget(rid)
+            self.failed.emit(rid, describe(item.error))
+
+    def _forget(self, rid: int) -> None:
+        with self._lock:
+            self._cancels.pop(rid, None)
+
+    def _observe(self, req: GenRequest, item: Item) -> None:
+        """Requests of other clients (the local server), for the dashboard."""
+        if req.client == CHAT:
+            return
+        rid = self._other_ids.setdefault(req.id, -next(self._other_seq))
+        if isinstance(item, Event):
+            for obj in (item.prefill, item.stats):
+                if obj is not None:
+                    self.server_stats.emit(rid, obj)
+        elif isinstance(item, (Done, Failed)):
+            self._other_ids.pop(req.id, None)
+            if isinstance(item, Done):
+                self.server_finished.emit(rid, item.summary.finish_reason or "stop", item.summary)
 
     @staticmethod
     def _prompt_opens_think(model: Any, ids: list[int]) -> bool:
@@ -257,6 +311,7 @@ class WorkerThread:
     """Owns the QThread the worker lives on; ``shutdown`` cancels, quits and joins."""
 
     def __init__(self, *, loader: Loader | None = None) -> None:
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.thread = QThread()
         self.thread.setObjectName("mtpchat-worker")
         self.worker = Worker(loader=loader)
@@ -267,9 +322,14 @@ class WorkerThread:
         """Cancel everything and join the thread. Returns False if it did not stop in time."""
         if not self.thread.isRunning():
             return True
+        scheduler = self.worker.scheduler
         self.worker.cancel_all()
+        scheduler.stop()  # no new requests; whatever waits is cancelled
         self.thread.quit()
         ok = self.thread.wait(timeout_ms)
         if not ok:
             log.error("worker thread did not stop within %d ms", timeout_ms)
+            return ok
+        while scheduler.run_next():  # the cancelled leftovers end (no model call)
+            pass
         return ok

@@ -52,6 +52,8 @@ class AuxWindows(QObject):
             w = self._worker
             w.stats.connect(self.dashboard.on_stats)
             w.finished.connect(self.dashboard.on_finished)
+            w.server_stats.connect(self.dashboard.on_stats)  # the local server's requests
+            w.server_finished.connect(self.dashboard.on_finished)
             self.dashboard.tune_requested.connect(lambda: self._on_tune(""))
             # a direct call: the worker thread is busy tuning
             self.dashboard.tune_cancel_requested.connect(lambda: w.cancel_tune())

@@ -44,6 +44,7 @@ from app.chat.theme import apply_theme, current_colors, stylesheet
 from app.db import StoreNotice, open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
+from app.server_control import ServerControl, install as install_server
 from app.worker import Loader, WorkerThread
 from engine.types import ModelInfo
 
@@ -101,6 +102,8 @@ class MainWindow(QMainWindow):
         self._connect()
         self.aux = AuxWindows(self, self.worker, self.model, on_load=self.load_model,
                               on_tune=self.tune_model)
+        self.server = ServerControl(self.worker, self.model, self.store, self)
+        install_server(self, self.server)
         self.apply_preferences(self.prefs)
         self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
@@ -577,6 +580,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         self.session.shutdown()
+        self.server.shutdown()
         self.worker_thread.shutdown()
         self.aux.close_all()
         self.conversations.close()

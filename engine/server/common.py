@@ -43,6 +43,7 @@ class Backend:
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     alias_prefixes: tuple[str, ...] = ("claude-", "gpt-", "default")
+    accepting: bool = True      # False once the server drains: new generations get 503
     # Prompt rendering runs here, off the event loop; the runner shuts it down on exit (a
     # daemon thread left inside the tokenizer at exit can abort the process).
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
@@ -156,6 +157,8 @@ class Generation:
         self.loop.call_soon_threadsafe(self._items.put_nowait, item)
 
     async def start(self, request) -> Event:
+        if not self.backend.accepting:
+            raise ApiError(503, "The server is shutting down.")
         try:
             self.backend.scheduler.submit(self.req, self._sink)
         except QueueFull as exc:

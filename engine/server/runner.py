@@ -5,18 +5,24 @@ Contract:
   ``serve()`` blocks (on the main thread it handles SIGINT/SIGTERM: stop accepting, let
   in-flight replies run up to ``drain_s`` seconds, then cancel them so every stream ends with
   its final event; it returns normally, so the caller exits 0). ``start()`` runs it on a
-  background thread and returns once it listens (the app will use this); ``stop()`` drains
+  background thread and returns once it listens (the app uses this); ``stop()`` drains
   and joins. ``url`` is the address it listens on (``port=0`` picks a free port).
+  ``start()`` binds the socket itself, so an address in use raises ``ServerStartError``
+  with a message naming the port, before any thread is left behind.
 - ``is_loopback(host)``; binding anything else without an API key raises ``ValueError``.
-- The scheduler is not owned: ``stop()`` drains it but leaves it running unless
-  ``stop_scheduler=True`` (the app shares its scheduler with the chat).
+- The scheduler is not owned: ``stop()`` leaves it running unless ``stop_scheduler=True``.
+  With ``shared=True`` (the app, whose chat uses the same scheduler) draining refuses new
+  HTTP requests and cancels only the server's own requests (``client="server"``); otherwise
+  it closes the scheduler to everyone (``engine serve``).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 
 import uvicorn
@@ -36,6 +42,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class ServerStartError(Exception):
+    """The server could not listen (the port is in use, the address is not this machine's)."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port), or ``ServerStartError`` saying why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServerStartError(f"Port {port} on {host} is already in use by another "
+                                   "program. Choose another port, or stop that program.") from None
+        raise ServerStartError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Uvicorn(uvicorn.Server):
@@ -68,13 +96,15 @@ class Server:
 
     def __init__(self, scheduler: Scheduler, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, default_depth: Depth = "auto",
-                 drain_s: float = 10.0, log_level: str = "warning") -> None:
+                 drain_s: float = 10.0, log_level: str = "warning",
+                 shared: bool = False) -> None:
         if not is_loopback(host) and not api_key:
             raise ValueError(f"Refusing to serve on {host} without an API key: anyone who can "
                              "reach this address could use the model. Pass --api-key KEY or "
                              "bind 127.0.0.1.")
         self.scheduler = scheduler
         self.drain_s = drain_s
+        self.shared = shared
         info = scheduler.wait_ready()
         self.backend = Backend(scheduler=scheduler, info=info, default_depth=default_depth,
                                api_key=api_key)
@@ -89,8 +119,14 @@ class Server:
     def _drain(self) -> None:
         if not self._draining:
             self._draining = True
-            log.info("draining: %d request(s) in flight", self.scheduler.busy)
-            self.scheduler.drain(self.drain_s)
+            self.backend.accepting = False
+            if self.shared:
+                log.info("draining: %d server request(s) in flight",
+                         self.scheduler.count("server"))
+                self.scheduler.drain(self.drain_s, client="server")
+            else:
+                log.info("draining: %d request(s) in flight", self.scheduler.busy)
+                self.scheduler.drain(self.drain_s)
 
     @property
     def url(self) -> str:
@@ -105,14 +141,18 @@ class Server:
     def started(self) -> bool:
         return self._uv.started
 
-    def serve(self) -> None:
+    def serve(self, sockets: list[socket.socket] | None = None) -> None:
         try:
-            self._uv.run()
+            self._uv.run(sockets=sockets)
         finally:
             self.backend.executor.shutdown(wait=True, cancel_futures=True)
+            for sock in sockets or ():
+                sock.close()
 
     def start(self, timeout: float = 30.0) -> Server:
-        self._thread = threading.Thread(target=self.serve, name="mtp-server", daemon=True)
+        sock = bind(self._uv.config.host, self._uv.config.port)
+        self._thread = threading.Thread(target=self.serve, args=([sock],), name="mtp-server",
+                                        daemon=True)
         self._thread.start()
         deadline = threading.Event()
         for _ in range(int(timeout / 0.02)):
@@ -120,7 +160,8 @@ class Server:
                 break
             deadline.wait(0.02)
         if not self._uv.started:
-            raise RuntimeError("the server did not start (is the port in use?)")
+            self.stop()
+            raise ServerStartError("The server did not start in time.")
         return self
 
     def stop(self, *, drain_s: float = 0.0, stop_scheduler: bool = False) -> None:
@@ -135,9 +176,12 @@ class Server:
 
 def start_server(model_or_scheduler, *, host: str = "127.0.0.1", port: int = 8080,
                  max_queue: int = 16, **kwargs) -> Server:
-    """Serve a ``Scheduler`` (shared, e.g. the app's) or a model handed over for good
-    (wrapped in a new scheduler) on a background thread; returns the started ``Server``."""
+    """Serve a ``Scheduler`` (shared, e.g. the app's: its other clients go on while the
+    server drains) or a model handed over for good (wrapped in a new scheduler) on a
+    background thread; returns the started ``Server``."""
     scheduler = model_or_scheduler
-    if not isinstance(scheduler, Scheduler):
+    shared = isinstance(scheduler, Scheduler)
+    if not shared:
         scheduler = Scheduler(model=model_or_scheduler, max_queue=max_queue).start()
+    kwargs.setdefault("shared", shared)
     return Server(scheduler, host=host, port=port, **kwargs).start()

@@ -7,7 +7,7 @@ Contract:
   a scripted fake). ``start()`` starts the worker; ``wait_ready()`` returns the model's
   ``ModelInfo`` or raises the loader's error.
 - ``submit(GenRequest, sink)`` queues a request (a plain frozen dataclass) or raises
-  ``QueueFull`` when ``max_queue`` requests already wait. ``sink(item)`` is called on the
+  ``QueueFull`` when ``max_queue`` requests of the same ``client`` already wait. ``sink(item)`` is called on the
   worker thread for each item of that request, in order: ``engine.types.Event`` objects
   (exactly what ``Model.generate`` yields, the last one carrying ``finish_reason``), then a
   final ``Done(summary)`` with the reply's ``engine.summary.ReplySummary``, or ``Failed(exc)``.
@@ -22,6 +22,23 @@ Contract:
   counting happen off the worker without racing the tokenizer it uses to detokenize.
 - ``drain(grace_s)`` stops accepting requests and cancels whatever still runs after
   ``grace_s``; ``stop()`` cancels everything and joins the worker.
+
+Hosting (the app): ``Scheduler.hosted(wake)`` starts no thread. The host thread (the app's
+worker QThread, which loads the models) hands each model over with ``set_model(model)``
+(``None`` while none is loaded) and calls ``run_next()`` whenever ``wake()`` was called (from
+any thread, once per accepted request): it runs the request at the head of the queue on the
+calling thread and returns. Chat replies and server requests then share one FIFO and one
+thread. A request may carry ``render(model) -> prompt ids`` instead of ``prompt_ids``: it runs
+on the worker just before the request starts (a chat reply is rendered with the model that
+will run it). Swapping the model cancels the waiting requests that were rendered for the old
+one (``prompt_ids`` given); requests with ``render`` wait for the new one.
+
+``GenRequest.client`` names who asked ("server" by default, "chat" for the app's replies);
+``count(client)`` is how many of that client's requests wait or run, ``cancel_all(client)``
+and ``drain(grace_s, client=...)`` act on one client only (a server sharing the app's
+scheduler drains its own requests and leaves the chat's alone). ``add_observer(fn)`` calls
+``fn(request, item)`` on the worker thread after each item's sink (the app's dashboard
+watches server requests this way).
 
 Today the worker runs one request at a time; a batching worker would pop several
 ``GenRequest`` rows and call each sink the same way.
@@ -62,6 +79,10 @@ class GenRequest:
     stop_strings: tuple[str, ...] = ()
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
     submitted_at: float = field(default_factory=time.perf_counter, compare=False)
+    client: str = "server"
+    # ``render(model) -> prompt ids``, called on the worker when the request starts (or None:
+    # ``prompt_ids`` are final).
+    render: Callable[[object], list[int]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -83,32 +104,42 @@ class Failed:
 
 Item = Started | Event | Done | Failed
 Sink = Callable[[Item], None]
+Observer = Callable[[GenRequest, Item], None]
 
 
 class Scheduler:
     """See the module docstring."""
 
     def __init__(self, *, loader: Callable[[], object] | None = None, model=None,
-                 max_queue: int = 16) -> None:
-        if (loader is None) == (model is None):
+                 max_queue: int = 16, wake: Callable[[], None] | None = None) -> None:
+        if wake is None and (loader is None) == (model is None):
             raise ValueError("pass exactly one of loader= or model=")
         self._loader = loader
         self.model = model
         self.info: ModelInfo | None = getattr(model, "info", None)
         self.max_queue = max_queue
+        self._wake = wake
         self._queue: queue.Queue[tuple[GenRequest, Sink] | None] = queue.Queue()
-        self._waiting = 0
+        self._waiting: list[GenRequest] = []
         self._lock = threading.Lock()           # guards _waiting / _running / _closed
         self._tok_lock = threading.RLock()      # held around every generator step
         self._running: GenRequest | None = None
         self._closed = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        self._observers: list[Observer] = []
         self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
         self.completed = 0
 
+    @classmethod
+    def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16) -> Scheduler:
+        """A scheduler without a thread of its own: see "Hosting" in the module docstring."""
+        return cls(wake=wake, max_queue=max_queue)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Scheduler:
+        if self._wake is not None:
+            raise RuntimeError("a hosted scheduler runs on its host's thread (run_next)")
         self._thread.start()
         return self
 
@@ -117,33 +148,49 @@ class Scheduler:
             raise TimeoutError("the model did not load in time")
         if self._load_error is not None:
             raise self._load_error
-        assert self.info is not None
+        if self.info is None:
+            raise SchedulerClosed("no model is loaded")
         return self.info
 
-    def drain(self, grace_s: float = 10.0) -> None:
-        """Refuse new requests; cancel the ones still running or queued after ``grace_s``."""
+    def set_model(self, model) -> None:
+        """Host thread: serve ``model`` from now on (None: no model). Waiting requests that
+        were rendered for the previous model are cancelled."""
+        with self._tok_lock:
+            self.model = model
+            self.info = getattr(model, "info", None)
         with self._lock:
-            self._closed = True
+            stale = [r for r in self._waiting if r.render is None]
+        for req in stale:
+            req.cancel.set()
+        self._ready.set()
+
+    def drain(self, grace_s: float = 10.0, *, client: str | None = None) -> None:
+        """Refuse new requests and cancel the ones still running or queued after
+        ``grace_s``. With ``client``: only that client's are cancelled, and the scheduler
+        keeps taking requests (its other clients go on)."""
+        if client is None:
+            with self._lock:
+                self._closed = True
         if grace_s <= 0:
-            self.cancel_all()
+            self.cancel_all(client)
             return
-        t = threading.Timer(grace_s, self.cancel_all)
+        t = threading.Timer(grace_s, self.cancel_all, args=(client,))
         t.daemon = True
         t.start()
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, client: str | None = None) -> None:
         with self._lock:
-            running = self._running
-        if running is not None:
-            running.cancel.set()
-        for req, _ in list(self._queue.queue):  # type: ignore[misc]
-            if req is not None:
+            reqs = list(self._waiting) + ([self._running] if self._running else [])
+        for req in reqs:
+            if client is None or req.client == client:
                 req.cancel.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._lock:
             self._closed = True
         self.cancel_all()
+        if self._wake is not None:
+            return  # hosted: the host runs what is left (each request ends cancelled)
         self._queue.put(None)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -153,23 +200,35 @@ class Scheduler:
     def busy(self) -> int:
         """Requests waiting or running."""
         with self._lock:
-            return self._waiting + (self._running is not None)
+            return len(self._waiting) + (self._running is not None)
+
+    def count(self, client: str) -> int:
+        """``client``'s requests waiting or running."""
+        with self._lock:
+            reqs = self._waiting + ([self._running] if self._running else [])
+        return sum(r.client == client for r in reqs)
 
     def submit(self, req: GenRequest, sink: Sink) -> None:
         with self._lock:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down")
-            if self._waiting >= self.max_queue:
-                raise QueueFull(f"{self._waiting} requests are already waiting")
-            self._waiting += 1
-        self._queue.put((req, sink))
+            waiting = sum(r.client == req.client for r in self._waiting)
+            if waiting >= self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting")
+            self._waiting.append(req)
+            self._queue.put((req, sink))
+        if self._wake is not None:
+            self._wake()
+
+    def add_observer(self, fn: Observer) -> None:
+        self._observers.append(fn)
 
     def with_tokenizer(self, fn: Callable[[object], object]):
         """``fn(model)`` while no generator step runs (see the module docstring)."""
         self._ready.wait()
-        if self.model is None:
-            raise SchedulerClosed("no model is loaded")
         with self._tok_lock:
+            if self.model is None:
+                raise SchedulerClosed("no model is loaded")
             return fn(self.model)
 
     # ------------------------------------------------------------------ worker
@@ -183,20 +242,43 @@ class Scheduler:
                 self._ready.set()
                 return
         self._ready.set()
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            req, sink = job
+        while self._run_job(self._queue.get()):
+            pass
+
+    def run_next(self) -> bool:
+        """Host thread: run the request at the head of the queue (if any) to its end.
+        Returns whether one ran."""
+        try:
+            job = self._queue.get_nowait()
+        except queue.Empty:
+            return False
+        return self._run_job(job)
+
+    def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
+        if job is None:
+            return False
+        req, sink = job
+        with self._lock:
+            self._waiting = [r for r in self._waiting if r is not req]
+            self._running = req
+        try:
+            self._run(req, self._observed(req, sink))
+        finally:
             with self._lock:
-                self._waiting -= 1
-                self._running = req
-            try:
-                self._run(req, sink)
-            finally:
-                with self._lock:
-                    self._running = None
-                self.completed += 1
+                self._running = None
+            self.completed += 1
+        return True
+
+    def _observed(self, req: GenRequest, sink: Sink) -> Sink:
+        if not self._observers:
+            return sink
+        observers = list(self._observers)
+
+        def both(item: Item) -> None:
+            sink(item)
+            for fn in observers:
+                _safe(lambda it: fn(req, it), item)
+        return both
 
     def _run(self, req: GenRequest, sink: Sink) -> None:
         tally = ReplyTally()
@@ -215,10 +297,16 @@ class Scheduler:
         _safe(sink, Done(tally.summary()))
 
     def _generate(self, req: GenRequest, sink: Sink, tally: ReplyTally) -> None:
-        gen = self.model.generate(  # type: ignore[union-attr]
-            list(req.prompt_ids), max_tokens=req.max_tokens, depth=req.depth,
-            sampling=req.sampling, seed=req.seed, cancel=req.cancel,
-            stop_strings=req.stop_strings)
+        with self._tok_lock:
+            model = self.model
+            if model is None:
+                from engine.errors import EngineError
+
+                raise EngineError("No model is loaded yet.")
+            ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
+            gen = model.generate(  # type: ignore[union-attr]
+                ids, max_tokens=req.max_tokens, depth=req.depth, sampling=req.sampling,
+                seed=req.seed, cancel=req.cancel, stop_strings=req.stop_strings)
         while True:
             with self._tok_lock:
                 ev = next(gen, None)

@@ -236,3 +236,56 @@ def test_shutdown_mid_generation_is_prompt_and_clean(qtbot):
     assert wt.shutdown(timeout_ms=5000)
     assert time.monotonic() - t0 < 2.0
     assert not wt.thread.isRunning()
+
+
+def test_chat_and_other_clients_share_the_scheduler_in_order(qtbot, env):
+    """A server request submitted to the worker's scheduler runs on the worker thread between
+    chat replies, in FIFO order; it reaches ``server_*`` signals (negative ids), never the
+    chat's."""
+    from PySide6.QtCore import QObject, Slot
+
+    from engine.server.scheduler import Done, GenRequest
+
+    class Dash(QObject):
+        def __init__(self):
+            super().__init__()
+            self.stats, self.finished = [], []
+
+        @Slot(int, object)
+        def on_stats(self, rid, obj): self.stats.append(rid)  # noqa: E704
+
+        @Slot(int, str, object)
+        def on_finished(self, rid, reason, summary): self.finished.append((rid, reason))  # noqa: E704
+
+    worker, fake, relay = env
+    dash = Dash()
+    worker.server_stats.connect(dash.on_stats)
+    worker.server_finished.connect(dash.on_finished)
+    _load(qtbot, worker, relay)
+    fake.prefill_seconds = 0.1
+    ended = []
+    with qtbot.waitSignals([relay.finished, relay.finished], timeout=5000):
+        worker.submit(_req(20, max_tokens=4))
+        worker.scheduler.submit(GenRequest(id="srv-1", prompt_ids=(1, 2), max_tokens=3),
+                                lambda item: ended.append(item) if isinstance(item, Done) else None)
+        worker.submit(_req(21, max_tokens=4))
+    qtbot.waitUntil(lambda: bool(dash.finished), timeout=5000)
+    assert [c["max_tokens"] for c in fake.calls] == [4, 3, 4]  # FIFO across clients
+    assert ended and ended[0].summary.tokens == 3
+    assert dash.finished == [(-1, "length")] and set(dash.stats) == {-1}
+    assert {e[1] for e in relay.log if e[0] in ("stats", "delta", "finished")} == {20, 21}
+
+
+def test_cancel_of_a_queued_chat_reply_behind_a_server_request(qtbot, env):
+    from engine.server.scheduler import GenRequest
+
+    worker, fake, relay = env
+    _load(qtbot, worker, relay)
+    fake.prefill_seconds = 0.3
+    with qtbot.waitSignal(relay.finished, timeout=5000) as blocker:
+        worker.scheduler.submit(GenRequest(id="srv", prompt_ids=(1,), max_tokens=2),
+                                lambda item: None)
+        worker.submit(_req(22))
+        worker.cancel(22)
+    assert blocker.args[0] == 22 and blocker.args[1] == "cancelled"
+    assert len(fake.calls) == 1  # the cancelled reply never reached the model
