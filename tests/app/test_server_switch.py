@@ -27,7 +27,10 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """No server listens there: a new server (SO_REUSEADDR, as uvicorn's) could bind it.
+    Closed connections left in TIME_WAIT do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
