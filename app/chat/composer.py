@@ -10,6 +10,9 @@ from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 
+MAX_LINES = 8
+
+
 class ComposerEdit(QPlainTextEdit):
     submit = Signal()
 
@@ -96,9 +99,16 @@ class Composer(QWidget):
             self.button.setEnabled(self._can_send and bool(self.text.strip()))
 
     def _fit(self, *_args) -> None:
-        lines = max(1, min(8, int(self.edit.document().size().height())))
-        fm = self.edit.fontMetrics()
-        self.edit.setFixedHeight(lines * fm.lineSpacing() + 18)
+        """Grow with the text up to ``MAX_LINES`` lines, every one of them fully shown: a
+        line's height is its block's (the font's line spacing rounded up), plus the document
+        margins, the frame and the viewport margins."""
+        e = self.edit
+        doc = e.document()
+        lines = max(1, min(MAX_LINES, int(doc.size().height())))
+        line_h = max(e.fontMetrics().lineSpacing(), int(e.blockBoundingRect(doc.firstBlock()).height()))
+        m = e.contentsMargins()
+        chrome = int(2 * doc.documentMargin()) + 2 * e.frameWidth() + m.top() + m.bottom()
+        e.setFixedHeight(lines * line_h + chrome + 4)
 
     def _on_button(self) -> None:
         if self._busy:

@@ -6,14 +6,25 @@ once per ``show_conversation``; a streaming reply is updated in place through
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy,
                                QVBoxLayout, QWidget)
 
+from app.chat.markdown import plain_inline
 from app.chat.message_widget import MessageWidget
 from app.db import Message
 
 MAX_COLUMN_WIDTH = 860
+
+
+class _Canvas(QWidget):
+    """The scrolled widget. Its height is its height for the viewport's width: the default
+    minimum size hint measures every word-wrapped label at its narrowest, hundreds of pixels
+    too tall, which left a blank band under the last message (all one saw after a resize,
+    since the view sticks to the bottom)."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(super().minimumSizeHint().width(), 0)
 
 
 class ConversationView(QScrollArea):
@@ -33,7 +44,7 @@ class ConversationView(QScrollArea):
         self.widgets: dict[int, MessageWidget] = {}
         self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
-        canvas = QWidget()
+        canvas = _Canvas()
         canvas.setObjectName("conversationCanvas")
         outer = QHBoxLayout(canvas)
         outer.setContentsMargins(16, 16, 16, 16)
@@ -74,7 +85,7 @@ class ConversationView(QScrollArea):
         self.example_buttons = []
         self.empty_text.setText(intro or "Send a message to start the conversation.")
         for prompt in prompts:
-            b = QPushButton(prompt, self.empty_label)
+            b = QPushButton(plain_inline(prompt), self.empty_label)
             b.setCursor(Qt.CursorShape.PointingHandCursor)
             b.setToolTip("Send this message")
             b.clicked.connect(lambda _=False, p=prompt: self.example_requested.emit(p))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.chat.export import to_json, to_markdown
+from app.chat.markdown import plain_inline
 from app.chat.settings import ChatSettings
 from app.db import ChatStore, Conversation, Message
 
@@ -25,7 +26,7 @@ NEW_TITLE = "New chat"
 
 def make_title(text: str, limit: int = 48) -> str:
     """A conversation title from its first message: one line, at most ``limit`` characters."""
-    line = " ".join(text.strip().split())
+    line = " ".join(plain_inline(text).strip().split())
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 

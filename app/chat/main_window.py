@@ -14,12 +14,10 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -40,7 +38,9 @@ from app.chat.session import ChatSession
 from app.chat.settings import ChatSettings
 from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, DefaultsDialog
 from app.chat.sidebar import Sidebar
-from app.chat.theme import apply_theme, current_colors, stylesheet
+from app.chat.window_conversations import ConversationActions
+from app.chat.window_sending import SendingActions
+from app.chat.theme import apply_app_style, apply_theme
 from app.db import StoreNotice, open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
@@ -79,7 +79,7 @@ def _examples_for(info) -> tuple[str, list[str]]:
             "and little else. Try:", list(DEMO_EXAMPLES))
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ConversationActions, SendingActions, QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
@@ -235,187 +235,6 @@ class MainWindow(QMainWindow):
             return last
         return str(default_model_path())
 
-    # -- conversations -----------------------------------------------------------------------
-    @Slot()
-    def refresh_sidebar(self) -> None:
-        convs = self.conversations.listing(self.sidebar.search.text())
-        self.sidebar.set_conversations(convs, self.current_conv,
-                                       streaming=self.session.streaming_conversations())
-
-    @Slot(int)
-    def open_conversation(self, conv_id: int) -> None:
-        if conv_id != self.current_conv:
-            self.composer.cancel_edit()
-        self.conversations.current = conv_id
-        self._reload_view()
-        self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
-        self.refresh_sidebar()
-        self._sync_composer()
-
-    def _reload_view(self) -> None:
-        conv = self.current_conv
-        if conv is None:
-            self.view.show_conversation(None, [])
-            return
-        self.view.show_conversation(conv, self.conversations.messages(conv),
-                                    self.session.live_messages(conv))
-        self.view.update_actions(busy=self.session.busy)
-
-    def new_chat(self) -> None:
-        if not self.conversations.is_empty(self.current_conv):
-            self.open_conversation(self.session.new_conversation())
-        self.composer.edit.setFocus()
-
-    def ask_rename(self, conv_id: int) -> None:
-        conv = self.conversations.get(conv_id)
-        if conv is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
-        if ok and title.strip():
-            self.rename_conversation(conv_id, title.strip())
-
-    def rename_conversation(self, conv_id: int, title: str) -> None:
-        self.conversations.rename(conv_id, title)
-        self.refresh_sidebar()
-
-    def delete_conversation(self, conv_id: int) -> None:
-        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
-        self.session.stop_conversation(conv_id)
-        conv = self.conversations.delete(conv_id)
-        if conv is None:
-            return
-        self.sidebar.show_undo(conv.title)
-        if self.current_conv is None:
-            self.open_conversation(self.conversations.next_after_delete())
-        else:
-            self.refresh_sidebar()
-
-    def undo_delete(self) -> None:
-        cid = self.conversations.undo_delete()
-        if cid is not None:
-            self.sidebar.hide_undo()
-            self.open_conversation(cid)
-
-    def ask_export(self, conv_id: int, fmt: str) -> None:
-        name = self.conversations.export_name(conv_id, fmt)
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
-                                              if fmt == "md" else "JSON (*.json)")
-        if path:
-            self.export_conversation(conv_id, fmt, path)
-
-    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
-        out = self.conversations.export(conv_id, fmt, path)
-        self.statusBar().showMessage(f"Exported to {out}", 5000)
-        return out
-
-    def _export_current(self, fmt: str) -> None:
-        if self.current_conv is not None:
-            self.ask_export(self.current_conv, fmt)
-
-    def copy_chat(self) -> None:
-        """The whole open chat, as Markdown, to the clipboard."""
-        if self.conversations.get(self.current_conv) is None:
-            return
-        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current_conv, "md"))
-        self.statusBar().showMessage("Chat copied as Markdown", 3000)
-
-    def focus_search(self) -> None:
-        self.sidebar.search.setFocus()
-        self.sidebar.search.selectAll()
-
-    # -- sending, editing, stopping ----------------------------------------------------------
-    def confirm(self, title: str, text: str) -> bool:
-        """Ask yes/no (tests replace this)."""
-        answer = QMessageBox.question(self, title, text)
-        return answer == QMessageBox.StandardButton.Yes
-
-    @Slot(str)
-    def on_send(self, text: str) -> None:
-        conv = self.current_conv
-        if conv is None or not self.session.can_reply():
-            return
-        editing = self.composer.editing_msg_id
-        if editing is not None:
-            later = self.conversations.count_after(conv, editing)
-            if later and not self.confirm(
-                    "Resend edited message?",
-                    f"Sending replaces the original message and the {later} message(s) after it."):
-                return
-            if self.session.edit_and_resend(conv, editing, text) is None:
-                return  # not saved: the composer keeps the text (the banner says why)
-            self.composer.end_edit()
-        elif self.session.send(conv, text) is None:
-            return
-        self.composer.clear()
-        self.view.scroll_to_bottom()
-
-    def begin_edit(self, msg_id: int) -> None:
-        msg = self.conversations.editable(msg_id)
-        if msg is not None and not self.session.busy:
-            self.composer.begin_edit(msg_id, msg.content)
-
-    def regenerate(self, msg_id: int) -> None:
-        if self.current_conv is not None and self.session.can_reply():
-            self.session.regenerate(self.current_conv, msg_id)
-
-    def stop(self) -> None:
-        self.session.stop()
-        for msg_id, (content, meta) in self.session.live_messages(self.current_conv).items():
-            self.view.update_message(msg_id, content, meta, final=False)
-
-    def on_escape(self) -> None:
-        if self.session.busy:
-            self.stop()
-        elif self.composer.editing_msg_id is not None:
-            self.composer.cancel_edit()
-
-    @Slot(int, int)
-    def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
-        if self._closed or conv_id != self.current_conv:  # (queued signals after shutdown)
-            return
-        st = self.session.stream_for_message(msg_id)
-        if st is not None:
-            self.view.update_message(msg_id, st.content, st.live_meta(), final=False)
-
-    @Slot(int, int, str)
-    def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
-            return
-        msg = self.conversations.message(msg_id)
-        # A reply the disk had no room for is still in memory: show that, not the stale row.
-        content, meta = self.session.live_messages(conv_id).get(
-            msg_id, (msg.content, msg.meta) if msg is not None else (None, {}))
-        if conv_id == self.current_conv and content is not None:
-            self.view.update_message(msg_id, content, meta, final=True)
-        if status == "error":
-            error = meta.get("error", "")
-            self.statusBar().showMessage(f"The reply failed: {error}", 10000)
-        self.refresh_sidebar()
-
-    @Slot(int)
-    def on_messages_changed(self, conv_id: int) -> None:
-        if conv_id == self.current_conv:
-            self._reload_view()
-
-    @Slot(bool)
-    def on_busy_changed(self, _busy: bool) -> None:
-        self._sync_composer()
-        self.view.update_actions(busy=self.session.busy)
-
-    def _sync_composer(self) -> None:
-        active = self.session.active_stream()
-        here = active is not None and active.conv_id == self.current_conv
-        hint = ""
-        if self.model.loading_path is not None:
-            hint = "Loading the model…"
-        elif self.model.info is None:
-            hint = "No model is loaded."
-        elif active is not None and not here:
-            title = self.conversations.title(active.conv_id)
-            hint = f"A reply is being written in “{title}”. Press Esc to stop it."
-        self.composer.set_state(busy=here, can_send=self.model.ready and active is None,
-                                hint=hint)
-
     # -- models ------------------------------------------------------------------------------
     def load_model(self, path: str) -> None:
         path = str(path)
@@ -526,7 +345,7 @@ class MainWindow(QMainWindow):
             return
         self._restyling = True
         try:
-            self.setStyleSheet(stylesheet(current_colors()))
+            apply_app_style()
             self._reload_view()
         finally:
             self._restyling = False

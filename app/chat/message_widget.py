@@ -118,6 +118,8 @@ class MessageWidget(QFrame):
         row.setSpacing(2)
         self.stats_label = QLabel("", self)
         self.stats_label.setObjectName("statsLine")
+        self.stats_label.setWordWrap(True)  # a narrow column wraps it instead of overflowing
+        self.stats_label.setMinimumWidth(60)
         self.stats_label.setAccessibleName("Reply statistics")
         self.copy_button = _action(self, "Copy", "Copy message", "Copy this message")
         self.copy_button.clicked.connect(self.copy)

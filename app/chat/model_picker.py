@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QSizePolicy,
+                               QWidget)
 
 from app.paths import default_model_path, models_dir
 
@@ -42,7 +43,8 @@ class ModelPicker(QWidget):
         self.combo = QComboBox(self)
         self.combo.setAccessibleName("Model")
         self.combo.setToolTip("The model this window chats with")
-        self.combo.setMinimumContentsLength(22)
+        self.combo.setMinimumContentsLength(12)
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.combo.activated.connect(self._on_activated)
         self.badge = QLabel("", self)
         self.badge.setObjectName("mtpBadge")
@@ -56,6 +58,8 @@ class ModelPicker(QWidget):
         self.status = QLabel("", self)
         self.status.setObjectName("muted")
         self.status.setAccessibleName("Model status")
+        # never widens the header: a narrow window shows less of it, not a clipped panel
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         lay.addWidget(self.combo)
         lay.addWidget(self.badge)
         lay.addWidget(self.progress)

@@ -30,7 +30,8 @@ from app.chat.theme import THEME_MODES
 
 
 def _depth_label(d: int | str) -> str:
-    return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(d, f"{d} draft tokens")
+    return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(
+        d, f"{d} draft token" if d == 1 else f"{d} draft tokens")
 
 
 class SettingsForm(QWidget):
@@ -42,6 +43,7 @@ class SettingsForm(QWidget):
         super().__init__(parent)
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.system_prompt = QPlainTextEdit(self)
         self.system_prompt.setPlaceholderText("You are a helpful assistant.")
         self.system_prompt.setAccessibleName("System prompt")
@@ -131,7 +133,7 @@ class ChatSettingsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Chat settings")
-        self.setMinimumWidth(260)
+        self.setMinimumWidth(230)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
         title = QLabel("<b>This chat</b>", self)

@@ -95,7 +95,7 @@ class Sidebar(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setMinimumWidth(200)
+        self.setMinimumWidth(170)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 4, 8)
         lay.setSpacing(6)

@@ -500,6 +500,7 @@ def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
     from types import SimpleNamespace
 
     from app.chat.main_window import DEMO_EXAMPLES, _examples_for
+    from app.chat.markdown import plain_inline
     from app.paths import default_model_path
 
     assert win.view.example_buttons == []  # the (fake) loaded model is not the demo
@@ -507,7 +508,7 @@ def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
     intro, prompts = _examples_for(SimpleNamespace(path=str(default_model_path())))
     assert "standard-library" in intro and prompts == list(DEMO_EXAMPLES)
     win.view.set_examples(intro, prompts)
-    assert [b.text() for b in win.view.example_buttons] == list(DEMO_EXAMPLES)
+    assert [b.text() for b in win.view.example_buttons] == [plain_inline(p) for p in DEMO_EXAMPLES]
     assert win.view.empty_label.isVisibleTo(win.view)
     win.view.example_buttons[0].click()  # sends it, like typing it and pressing Send
     qtbot.waitUntil(lambda: not win.session.streams, timeout=10000)
