@@ -169,6 +169,19 @@ class ChatStore:
             " ORDER BY c.updated_at DESC, c.id DESC", (pattern, pattern)).fetchall()
         return [_conv(r) for r in rows]
 
+    def first_matches(self, search: str) -> dict[int, tuple[int, str]]:
+        """For each live conversation with a message containing ``search``: (the first such
+        message's id, its text)."""
+        pattern = "%" + _escape_like(search.strip()) + "%"
+        rows = self._db.execute(
+            "SELECT m.conversation_id AS c, m.id AS id, m.content AS content FROM messages m "
+            "JOIN conversations c ON c.id = m.conversation_id WHERE c.deleted_at IS NULL AND "
+            "m.content LIKE ? ESCAPE '\\' ORDER BY m.id", (pattern,)).fetchall()
+        out: dict[int, tuple[int, str]] = {}
+        for r in rows:
+            out.setdefault(r["c"], (r["id"], _text(r["content"])))
+        return out
+
     def rename_conversation(self, conv_id: int, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conv_id))
 

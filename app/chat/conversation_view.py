@@ -6,7 +6,7 @@ once per ``show_conversation``; a streaming reply is updated in place through
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy,
                                QVBoxLayout, QWidget)
 
@@ -44,6 +44,7 @@ class ConversationView(QScrollArea):
         self.widgets: dict[int, MessageWidget] = {}
         self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
+        self.highlighted: int | None = None  # the message a search jumped to
         canvas = _Canvas()
         canvas.setObjectName("conversationCanvas")
         outer = QHBoxLayout(canvas)
@@ -100,6 +101,25 @@ class ConversationView(QScrollArea):
         if self._stick:
             self.verticalScrollBar().setValue(hi)
 
+    def show_match(self, msg_id: int) -> None:
+        """Scroll to message ``msg_id`` (a search hit) and mark it until the next rebuild."""
+        row = self._rows.get(msg_id)
+        if row is None:
+            return
+        self.highlighted = msg_id
+        w = self.widgets[msg_id]
+        w.setProperty("match", True)
+        w.style().unpolish(w)
+        w.style().polish(w)
+        self._stick = False
+
+        def scroll() -> None:
+            if self._rows.get(msg_id) is row:
+                self._stick = False
+                self.ensureWidgetVisible(row, 0, 40)
+        QTimer.singleShot(0, scroll)
+        QTimer.singleShot(120, scroll)  # again once the rows' heights have settled
+
     def scroll_to_bottom(self) -> None:
         self._stick = True
         bar = self.verticalScrollBar()
@@ -112,6 +132,7 @@ class ConversationView(QScrollArea):
             row.deleteLater()
         self.widgets.clear()
         self._rows.clear()
+        self.highlighted = None
         self.empty_label.show()
 
     def show_conversation(self, conv_id: int | None, messages: list[Message],

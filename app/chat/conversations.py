@@ -30,6 +30,17 @@ def make_title(text: str, limit: int = 48) -> str:
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
+def snippet(text: str, term: str, width: int = 70) -> str:
+    """One line of ``text`` around the first (case-insensitive) occurrence of ``term``."""
+    flat = " ".join(text.split())
+    i = flat.lower().find(term.strip().lower())
+    if i < 0:
+        return flat[:width] + ("…" if len(flat) > width else "")
+    start = max(0, i - width // 3)
+    end = min(len(flat), start + width)
+    return ("…" if start else "") + flat[start:end] + ("…" if end < len(flat) else "")
+
+
 class Conversations:
     def __init__(self, store: ChatStore) -> None:
         self.store = store
@@ -54,6 +65,13 @@ class Conversations:
     # -- queries -----------------------------------------------------------------------------
     def listing(self, search: str = "") -> list[Conversation]:
         return self.store.conversations(search=search)
+
+    def search_matches(self, search: str) -> dict[int, tuple[int, str]]:
+        """conversation id -> (first matching message id, a one-line snippet around it)."""
+        if not search.strip():
+            return {}
+        return {c: (m, snippet(text, search))
+                for c, (m, text) in self.store.first_matches(search).items()}
 
     def get(self, conv_id: int | None) -> Conversation | None:
         return self.store.conversation(conv_id) if conv_id is not None else None

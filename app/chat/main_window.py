@@ -87,6 +87,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.resize(1180, 780)
         self._closed = False
         self._restyling = False
+        self.search_matches: dict[int, tuple[int, str]] = {}
         self.store, self.store_notice = open_chat_store(
             (lambda: Path(db_file)) if db_file else db_path)
         self.conversations = Conversations(self.store)

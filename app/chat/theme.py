@@ -120,6 +120,7 @@ def stylesheet(c: Colors) -> str:
     QFrame#userBubble {{ background: {c.user_bubble}; border-radius: 12px; }}
     QFrame#assistantBubble {{ background: {c.assistant_bubble}; border: 1px solid {c.border};
         border-radius: 12px; }}
+    QFrame[match="true"] {{ border: 2px solid {c.accent}; }}
     QFrame#errorBubble {{ border: 1px solid {c.error}; border-radius: 12px; }}
     QFrame#codeBlock {{ background: {c.code_bg}; border: 1px solid {c.border}; border-radius: 8px; }}
     QWidget#codeHeader {{ background: {c.code_header}; border-top-left-radius: 8px;

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Slot
+from PySide6.QtCore import QStandardPaths, Qt, Slot
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFileDialog, QInputDialog
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
 
 class ConversationActions:
@@ -16,9 +16,12 @@ class ConversationActions:
 
     @Slot()
     def refresh_sidebar(self) -> None:
-        convs = self.conversations.listing(self.sidebar.search.text())
-        self.sidebar.set_conversations(convs, self.current_conv,
-                                       streaming=self.session.streaming_conversations())
+        text = self.sidebar.search.text()
+        convs = self.conversations.listing(text)
+        self.search_matches = self.conversations.search_matches(text)
+        self.sidebar.set_conversations(
+            convs, self.current_conv, streaming=self.session.streaming_conversations(),
+            snippets={c: snip for c, (_m, snip) in self.search_matches.items()})
 
     @Slot(int)
     def open_conversation(self, conv_id: int) -> None:
@@ -29,6 +32,9 @@ class ConversationActions:
         self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
         self.refresh_sidebar()
         self._sync_composer()
+        match = self.search_matches.get(conv_id)
+        if match is not None:
+            self.view.show_match(match[0])
 
     def _reload_view(self) -> None:
         conv = self.current_conv
@@ -74,17 +80,41 @@ class ConversationActions:
             self.sidebar.hide_undo()
             self.open_conversation(cid)
 
+    def export_folder(self) -> Path:
+        """Where the export dialog opens: the folder last exported to, else Documents."""
+        last = self.conversations.store.get_setting("export_folder")
+        if isinstance(last, str) and Path(last).is_dir():
+            return Path(last)
+        docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+        return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
     def ask_export(self, conv_id: int, fmt: str) -> None:
-        name = self.conversations.export_name(conv_id, fmt)
+        name = str(self.export_folder() / self.conversations.export_name(conv_id, fmt))
         path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
                                               if fmt == "md" else "JSON (*.json)")
         if path:
             self.export_conversation(conv_id, fmt, path)
 
-    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
-        out = self.conversations.export(conv_id, fmt, path)
+    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path | None:
+        """Write the export; a failure (missing folder, no permission, full disk) is shown in
+        a dialog and returns None."""
+        try:
+            out = self.conversations.export(conv_id, fmt, path)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            self.show_error("Export failed", f"The chat could not be exported to {path}: {why}.")
+            return None
+        self.conversations.store.set_setting("export_folder", str(out.resolve().parent))
         self.statusBar().showMessage(f"Exported to {out}", 5000)
         return out
+
+    def show_error(self, title: str, text: str) -> QMessageBox:
+        """A non-blocking warning dialog (``objectName`` "errorDialog"; tests find it)."""
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
+        box.setObjectName("errorDialog")
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        return box
 
     def _export_current(self, fmt: str) -> None:
         if self.current_conv is not None:
