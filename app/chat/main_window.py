@@ -44,6 +44,7 @@ from app.chat.theme import apply_app_style, apply_theme
 from app.db import StoreNotice, open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
+from app.window_state import fit_to_screen, restore_geometry, save_geometry
 from app.worker import Loader, WorkerThread
 from engine.types import ModelInfo
 
@@ -63,6 +64,7 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+DEFAULT_SIZE = (1180, 760)  # within a 1280×800 screen's available area
 DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?",
                  "Explain str.split.")
 
@@ -84,7 +86,6 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
         self.setWindowTitle("MTP Chat")
-        self.resize(1180, 780)
         self._closed = False
         self._restyling = False
         self.search_matches: dict[int, tuple[int, str]] = {}
@@ -101,7 +102,9 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self._build_menus()
         self._connect()
         self.aux = AuxWindows(self, self.worker, self.model, on_load=self.load_model,
-                              on_tune=self.tune_model)
+                              on_tune=self.tune_model, store=self.store)
+        fit_to_screen(self, DEFAULT_SIZE)
+        restore_geometry(self.store, "main", self)
         self.apply_preferences(self.prefs)
         self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
@@ -398,5 +401,6 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self._closed = True
         self.session.shutdown()
         self.worker_thread.shutdown()
+        save_geometry(self.store, "main", self)
         self.aux.close_all()
         self.conversations.close()

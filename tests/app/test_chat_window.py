@@ -447,8 +447,9 @@ def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypa
     monkeypatch.setattr(dash, "on_tune_progress", lambda d, t, m: seen.append(("dash", d, t, m)))
     monkeypatch.setattr(models, "on_tune_progress", lambda d, t, m: seen.append(("models", d, t, m)))
     models.tune_requested.emit("")
-    qtbot.waitUntil(lambda: len(seen) == 4, timeout=5000)
+    qtbot.waitUntil(lambda: len([e for e in seen if e[2]]) == 4, timeout=5000)
     assert ("dash", 2, 2, "depth 1") in seen and ("models", 2, 2, "depth 1") in seen
+    assert seen[0] == ("dash", 0, 0, "Starting…")  # shown running from the first moment
     qtbot.waitUntil(lambda: models.tune_status.text().startswith("Tuning done"), timeout=5000)
     monkeypatch.undo()
     models.on_tune_progress(2, 2, "depth 1")
