@@ -30,6 +30,7 @@ class _Canvas(QWidget):
 class ConversationView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    branch_requested = Signal(int, int)  # (msg_id, step): show another version
     example_requested = Signal(str)  # an example prompt of the empty state was clicked
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -136,8 +137,12 @@ class ConversationView(QScrollArea):
         self.empty_label.show()
 
     def show_conversation(self, conv_id: int | None, messages: list[Message],
-                          live: dict[int, tuple[str, dict]] | None = None) -> None:
-        """Rebuild for ``messages``; ``live`` maps message ids still streaming to (text, meta)."""
+                          live: dict[int, tuple[str, dict]] | None = None, *,
+                          branches: dict[int, tuple[int, int]] | None = None,
+                          attachments: dict | None = None) -> None:
+        """Rebuild for ``messages``; ``live`` maps message ids still streaming to (text, meta),
+        ``branches`` message ids with other versions to (index, count), ``attachments``
+        message ids to their files."""
         self.setUpdatesEnabled(False)
         try:
             self.clear()
@@ -145,7 +150,9 @@ class ConversationView(QScrollArea):
             for m in messages:
                 content, meta = (live or {}).get(m.id, (m.content, m.meta))
                 final = m.id not in (live or {})
-                self.add_message(m.id, m.role, content, meta, final=final)
+                w = self.add_message(m.id, m.role, content, meta, final=final)
+                w.set_branch(*(branches or {}).get(m.id, (1, 1)))
+                w.set_attachments((attachments or {}).get(m.id, ()))
         finally:
             self.setUpdatesEnabled(True)
         self.scroll_to_bottom()
@@ -155,6 +162,7 @@ class ConversationView(QScrollArea):
         w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
+        w.branch_requested.connect(self.branch_requested)
         w.update_content(content, meta, final=final)
         row: QWidget = w
         if role == "user":  # the user's bubble hugs its text on the right, like a messenger

@@ -19,7 +19,7 @@ from pathlib import Path
 from app.chat.export import to_json, to_markdown
 from app.chat.markdown import plain_inline
 from app.chat.settings import ChatSettings
-from app.db import ChatStore, Conversation, Message
+from app.db import LEAF, Attachment, ChatStore, Conversation, Message
 
 NEW_TITLE = "New chat"
 
@@ -91,8 +91,36 @@ class Conversations:
         return conv_id is not None and not self.store.messages(conv_id)
 
     def count_after(self, conv_id: int, msg_id: int) -> int:
-        """Messages after ``msg_id`` (what editing ``msg_id`` and resending replaces)."""
+        """Messages after ``msg_id`` on the branch on screen."""
         return sum(1 for m in self.store.messages(conv_id) if m.id > msg_id)
+
+    def branches(self, conv_id: int) -> dict[int, tuple[int, int]]:
+        """msg_id -> (index, count) for every message with other versions (1-based index)."""
+        groups: dict[int | None, list[int]] = {}
+        for m in self.store.all_messages(conv_id):
+            groups.setdefault(m.parent_id, []).append(m.id)
+        return {mid: (i + 1, len(ids)) for ids in groups.values() if len(ids) > 1
+                for i, mid in enumerate(ids)}
+
+    def switch_branch(self, conv_id: int, msg_id: int, step: int) -> int | None:
+        """Show the version ``step`` away from ``msg_id`` (and the branch below it); returns
+        the version now shown, None when there is none that way."""
+        b = self.store.branch(msg_id)
+        if b is None or not 0 <= b.index + step < b.count:
+            return None
+        target = b.siblings[b.index + step]
+        self.store.select_branch(conv_id, target)
+        return target
+
+    def attachments(self, conv_id: int) -> dict[int, list[Attachment]]:
+        return self.store.attachments([m.id for m in self.store.messages(conv_id)])
+
+    def context_from(self, conv_id: int) -> int | None:
+        return self.store.context_from(conv_id)
+
+    def drop_before(self, conv_id: int, msg_id: int | None) -> None:
+        """Leave the messages older than ``msg_id`` out of the prompt (they stay on screen)."""
+        self.store.set_context_from(conv_id, msg_id)
 
     def editable(self, msg_id: int) -> Message | None:
         msg = self.store.message(msg_id)
@@ -139,8 +167,19 @@ class Conversations:
         self.store.touch(conv_id)
 
     # -- messages (written by the chat session) -----------------------------------------------
-    def add_user_message(self, conv_id: int, text: str) -> int:
-        return self.store.add_message(conv_id, "user", text)
+    def add_user_message(self, conv_id: int, text: str, *, attachments=(),
+                         parent_id=LEAF) -> int:
+        """Append to the branch on screen, or (``parent_id``) start a new version there."""
+        return self.store.add_message(conv_id, "user", text, attachments=tuple(attachments),
+                                      parent_id=parent_id)
+
+    def new_version_of(self, conv_id: int, msg_id: int) -> Message | None:
+        """Prepare a new version of ``msg_id``: the branch on screen ends at its parent (the
+        old version is kept). Returns the message (None if gone)."""
+        msg = self.store.message(msg_id)
+        if msg is not None and msg.parent_id is not None:
+            self.store.set_leaf(conv_id, msg.parent_id)
+        return msg
 
     def add_reply(self, conv_id: int, meta: dict) -> int:
         """An empty assistant message that a reply streams into."""

@@ -42,7 +42,9 @@ class ConversationActions:
             self.view.show_conversation(None, [])
             return
         self.view.show_conversation(conv, self.conversations.messages(conv),
-                                    self.session.live_messages(conv))
+                                    self.session.live_messages(conv),
+                                    branches=self.conversations.branches(conv),
+                                    attachments=self.conversations.attachments(conv))
         self.view.update_actions(busy=self.session.busy)
 
     def new_chat(self) -> None:

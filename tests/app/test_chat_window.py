@@ -157,7 +157,7 @@ def test_reply_is_flushed_while_streaming(qtbot, tmp_path):
     w.close()
 
 
-def test_regenerate_replaces_the_last_reply(qtbot, win, fake):
+def test_regenerate_shows_a_new_version_of_the_last_reply(qtbot, win, fake):
     send(qtbot, win, "first")
     old = _assistant(win)[0]
     fake.script = "A different answer."
@@ -170,7 +170,7 @@ def test_regenerate_replaces_the_last_reply(qtbot, win, fake):
     assert msgs[1].id != old.id and msgs[1].content == "A different answer."
 
 
-def test_edit_and_resend_replaces_later_messages_after_confirmation(qtbot, win, fake):
+def test_edit_and_resend_starts_a_new_version_keeping_the_old_one(qtbot, win, fake):
     send(qtbot, win, "question one")
     send(qtbot, win, "question two")
     first_user = win.store.messages(win.current_conv)[0]
@@ -180,16 +180,14 @@ def test_edit_and_resend_replaces_later_messages_after_confirmation(qtbot, win, 
     assert win.composer.editing_msg_id == first_user.id
     assert win.composer.text == "question one"
     win.composer.edit.setPlainText("question one, edited")
-    win.composer.button.click()
-    assert asked and "3 message(s)" in asked[0]
-    assert len(win.store.messages(win.current_conv)) == 4  # declined: nothing changed
-    win.confirm = lambda title, text: True
     fake.script = "Edited answer."
     win.composer.button.click()
     qtbot.waitUntil(lambda: not win.session.streams, timeout=5000)
+    assert not asked  # nothing is lost, so nothing to confirm
     msgs = win.store.messages(win.current_conv)
     assert [(m.role, m.content) for m in msgs] == [("user", "question one, edited"),
                                                    ("assistant", "Edited answer.")]
+    assert len(win.store.all_messages(win.current_conv)) == 6  # the old branch is kept
     assert win.composer.editing_msg_id is None
     # what the model saw: only the edited message
     assert fake.calls[-1]["prompt_ids"] == win.worker._model.chat_ids(

@@ -112,7 +112,7 @@ def test_a_data_folder_that_cannot_be_created(tmp_path):
 
 
 @contextlib.contextmanager
-def _tmpfs(tmp_path: Path, size: str = "256k"):
+def _tmpfs(tmp_path: Path, size: str = "512k"):  # (schema v2 has four more tables and indexes)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     mnt = tmp_path / "mnt"
