@@ -42,6 +42,7 @@ class Composer(QWidget):
     edit_cancelled = Signal()
     attachments_changed = Signal()
     attach_failed = Signal(str)
+    thinking_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -69,12 +70,33 @@ class Composer(QWidget):
         self.chip_row.setSpacing(4)
         self.chip_row.addStretch(1)
         lay.addLayout(self.chip_row)
+        lay.addLayout(self._input_row())
+        self.hint = QLabel("", self)
+        self.hint.setObjectName("muted")
+        lay.addWidget(self.hint)
+        self.warning = QLabel("", self)
+        self.warning.setObjectName("errorText")
+        self.warning.setWordWrap(True)
+        self.warning.setAccessibleName("Context warning")
+        self.warning.hide()
+        lay.addWidget(self.warning)
+        self._fit()
+        self._sync()
+
+    def _input_row(self) -> QHBoxLayout:
+        """Attach and Think on the left, the message box, Send/Stop on the right."""
         row = QHBoxLayout()
         self.attach_button = QPushButton("Attach…", self)
         self.attach_button.setAccessibleName("Attach files")
         self.attach_button.setToolTip("Attach text, code, Markdown or PDF files (or drop them here)")
         self.attach_button.clicked.connect(self.ask_files)
         row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
+        self.think_button = QPushButton("Think", self)
+        self.think_button.setCheckable(True)
+        self.think_button.setAccessibleName("Thinking")
+        self.think_button.setToolTip("Let the model think before it answers (this chat)")
+        self.think_button.toggled.connect(self.thinking_toggled)
+        row.addWidget(self.think_button, 0, Qt.AlignmentFlag.AlignBottom)
         self.edit = ComposerEdit(self)
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message input")
@@ -90,18 +112,7 @@ class Composer(QWidget):
         self.button.setMinimumWidth(84)
         row.addWidget(self.edit, 1)
         row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
-        lay.addLayout(row)
-        self.hint = QLabel("", self)
-        self.hint.setObjectName("muted")
-        lay.addWidget(self.hint)
-        self.warning = QLabel("", self)
-        self.warning.setObjectName("errorText")
-        self.warning.setWordWrap(True)
-        self.warning.setAccessibleName("Context warning")
-        self.warning.hide()
-        lay.addWidget(self.warning)
-        self._fit()
-        self._sync()
+        return row
 
     @property
     def text(self) -> str:
@@ -190,6 +201,16 @@ class Composer(QWidget):
         if 0 <= index < len(files):
             del files[index]
             self.set_attachments(files)
+
+    def set_thinking(self, on: bool, *, available: bool) -> None:
+        """This chat's thinking switch (disabled when the model's template has none)."""
+        self.think_button.blockSignals(True)
+        self.think_button.setChecked(on and available)
+        self.think_button.blockSignals(False)
+        self.think_button.setEnabled(available)
+        self.think_button.setToolTip(
+            "Let the model think before it answers (this chat)" if available
+            else "This model's chat template has no thinking switch")
 
     def set_warning(self, text: str) -> None:
         """A warning under the message box (the context would overflow); empty hides it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
@@ -106,6 +107,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         fit_to_screen(self, DEFAULT_SIZE)
         restore_geometry(self.store, "main", self)
         self.apply_preferences(self.prefs)
+        self.settings_panel.set_presets(self.store.presets())
         self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
         self.open_conversation(self.conversations.start())
@@ -235,6 +237,9 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.picker.load_requested.connect(self.load_model)
         self.settings_panel.settings_changed.connect(self.on_chat_settings_changed)
         self.settings_panel.reset_requested.connect(self.reset_chat_settings)
+        self.settings_panel.preset_saved.connect(self.save_preset)
+        self.settings_panel.preset_deleted.connect(self.delete_preset)
+        self.composer.thinking_toggled.connect(self.set_thinking)
 
     def _initial_model(self) -> str:
         last = self.conversations.last_model()
@@ -270,6 +275,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.view.model_name = info.name
         self.settings_panel.form.set_model_info(info)
         self.conversations.remember_model(info.path)
+        self.sync_thinking()
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
         QTimer.singleShot(0, _freeze_heap)
 
@@ -315,6 +321,32 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
     def on_chat_settings_changed(self, settings: ChatSettings) -> None:
         if self.current_conv is not None:
             self.conversations.set_settings(self.current_conv, settings)
+        self.sync_thinking()
+
+    def sync_thinking(self) -> None:
+        """The composer's Think switch shows this chat's setting and the model's ability."""
+        if self.current_conv is None:
+            return
+        info = self.model.info
+        able = info is None or bool(getattr(info, "supports_thinking", False))
+        self.composer.set_thinking(self.conversations.settings_for(self.current_conv).thinking,
+                                   available=able)
+
+    def set_thinking(self, on: bool) -> None:
+        if self.current_conv is None:
+            return
+        settings = replace(self.conversations.settings_for(self.current_conv), thinking=on)
+        self.conversations.set_settings(self.current_conv, settings)
+        self.settings_panel.form.set_settings(settings)
+
+    def save_preset(self, name: str, prompt: str) -> None:
+        self.store.save_preset(name, prompt)
+        self.settings_panel.set_presets(self.store.presets())
+
+    def delete_preset(self, name: str) -> None:
+        if name:
+            self.store.delete_preset(name)
+            self.settings_panel.set_presets(self.store.presets())
 
     def reset_chat_settings(self) -> None:
         if self.current_conv is not None:

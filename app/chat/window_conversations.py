@@ -30,6 +30,9 @@ class ConversationActions:
         self.conversations.current = conv_id
         self._reload_view()
         self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
+        self.settings_panel.sync_preset()
+        self.sync_thinking()
+        self.composer.set_attachments([])
         self.refresh_sidebar()
         self._sync_composer()
         match = self.search_matches.get(conv_id)
