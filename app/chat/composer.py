@@ -50,6 +50,7 @@ class Composer(QWidget):
         self._can_send = False
         self.editing_msg_id: int | None = None
         self.attachments: list[Attachment] = []
+        self._chips: list[QToolButton] = []
         self.setAcceptDrops(True)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 4, 16, 12)
@@ -68,6 +69,20 @@ class Composer(QWidget):
         lay.addWidget(self.edit_banner)
         self.chip_row = QHBoxLayout()
         self.chip_row.setSpacing(4)
+        self.chip_row.setContentsMargins(0, 0, 0, 0)
+        self.attach_button = QToolButton(self)
+        self.attach_button.setText("Attach…")
+        self.attach_button.setAccessibleName("Attach files")
+        self.attach_button.setToolTip("Attach text, code, Markdown or PDF files (or drop them here)")
+        self.attach_button.clicked.connect(self.ask_files)
+        self.chip_row.addWidget(self.attach_button)
+        self.think_button = QToolButton(self)
+        self.think_button.setText("Think")
+        self.think_button.setCheckable(True)
+        self.think_button.setAccessibleName("Thinking")
+        self.think_button.setToolTip("Let the model think before it answers (this chat)")
+        self.think_button.toggled.connect(self.thinking_toggled)
+        self.chip_row.addWidget(self.think_button)
         self.chip_row.addStretch(1)
         lay.addLayout(self.chip_row)
         lay.addLayout(self._input_row())
@@ -84,19 +99,8 @@ class Composer(QWidget):
         self._sync()
 
     def _input_row(self) -> QHBoxLayout:
-        """Attach and Think on the left, the message box, Send/Stop on the right."""
+        """The message box, and Send/Stop on its right."""
         row = QHBoxLayout()
-        self.attach_button = QPushButton("Attach…", self)
-        self.attach_button.setAccessibleName("Attach files")
-        self.attach_button.setToolTip("Attach text, code, Markdown or PDF files (or drop them here)")
-        self.attach_button.clicked.connect(self.ask_files)
-        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
-        self.think_button = QPushButton("Think", self)
-        self.think_button.setCheckable(True)
-        self.think_button.setAccessibleName("Thinking")
-        self.think_button.setToolTip("Let the model think before it answers (this chat)")
-        self.think_button.toggled.connect(self.thinking_toggled)
-        row.addWidget(self.think_button, 0, Qt.AlignmentFlag.AlignBottom)
         self.edit = ComposerEdit(self)
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message input")
@@ -182,10 +186,11 @@ class Composer(QWidget):
 
     def set_attachments(self, files: list[Attachment]) -> None:
         self.attachments = list(files)
-        while self.chip_row.count() > 1:
-            item = self.chip_row.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
+        for chip in self._chips:
+            self.chip_row.removeWidget(chip)
+            chip.hide()
+            chip.deleteLater()
+        self._chips = []
         for i, a in enumerate(self.attachments):
             chip = QToolButton(self)
             chip.setObjectName("chipButton")
@@ -193,7 +198,8 @@ class Composer(QWidget):
             chip.setToolTip(f"{a.name}: about {estimate_tokens(a.content):,} tokens. Click to remove.")
             chip.setAccessibleName(f"Remove attachment {a.name}")
             chip.clicked.connect(lambda _=False, k=i: self.remove_attachment(k))
-            self.chip_row.insertWidget(i, chip)
+            self.chip_row.insertWidget(2 + i, chip)  # after Attach and Think
+            self._chips.append(chip)
         self.attachments_changed.emit()
 
     def remove_attachment(self, index: int) -> None:

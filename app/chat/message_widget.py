@@ -72,10 +72,10 @@ def _action(parent: QWidget, text: str, name: str, tip: str) -> QToolButton:
 
 def attachment_chip(parent: QWidget, name: str, kind: str) -> QLabel:
     """A file's name in a rounded chip (``QLabel#chip``)."""
-    icon = {"pdf": "📄", "code": "⌨", "markdown": "📝"}.get(kind, "📎")
-    chip = QLabel(f"{icon} {name}", parent)
+    # (no emoji: many Linux desktops have no font for them)
+    chip = QLabel(name, parent)
     chip.setObjectName("chip")
-    chip.setToolTip(f"Attached file: {name}")
+    chip.setToolTip(f"Attached {kind} file: {name}")
     chip.setAccessibleName(f"Attached file {name}")
     chip.setStyleSheet("padding: 1px 8px;")
     return chip
@@ -149,13 +149,12 @@ class MessageWidget(QFrame):
         self.branch_label.setAccessibleName("Version")
         self.next_button = _action(self, "›", "Next version", "Show the next version")
         self.next_button.clicked.connect(lambda: self.branch_requested.emit(self.msg_id, 1))
-        if self.role == "user":  # the user's bubble is narrow: its switcher sits on the left
-            for w in (self.prev_button, self.branch_label, self.next_button):
-                row.addWidget(w)
-        row.addWidget(self.stats_label, 1)
-        if self.role != "user":
-            for w in (self.prev_button, self.branch_label, self.next_button):
-                row.addWidget(w)
+        # the stats line has a row of its own (it wraps), the actions the row below
+        self._lay.addWidget(self.stats_label)
+        self.stats_label.hide()
+        for w in (self.prev_button, self.branch_label, self.next_button):
+            row.addWidget(w)
+        row.addStretch(1)
         for b in (self.copy_button, self.edit_button, self.regen_button):
             row.addWidget(b)
         self.set_branch(1, 1)
@@ -255,6 +254,7 @@ class MessageWidget(QFrame):
         if self.tint and self.role == "assistant" and final:
             line += " · tinted: text from accepted drafts"
         self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
         self._streaming = not final
         self.copy_button.setVisible(final)
         self.regen_button.setVisible(final and self._regen_wanted)

@@ -158,14 +158,14 @@ class ChatSettingsPanel(QWidget):
         lay.addStretch(1)
 
 
-    def _preset_row(self) -> QHBoxLayout:
-        row = QHBoxLayout()
+    def _preset_row(self) -> QVBoxLayout:
+        row = QVBoxLayout()
         self.presets: dict[str, str] = {}
         self.preset = QComboBox(self)
         self.preset.setAccessibleName("System prompt preset")
         self.preset.setToolTip("Saved system prompts: pick one for this chat")
         self.preset.activated.connect(self._on_preset_picked)
-        self.save_preset = QPushButton("Save…", self)
+        self.save_preset = QPushButton("Save as preset…", self)
         self.save_preset.setAccessibleName("Save the system prompt as a preset")
         self.save_preset.setToolTip("Save this chat's system prompt as a preset")
         self.save_preset.clicked.connect(self._ask_preset_name)
@@ -173,10 +173,15 @@ class ChatSettingsPanel(QWidget):
         self.delete_preset.setAccessibleName("Delete the preset")
         self.delete_preset.clicked.connect(
             lambda: self.preset_deleted.emit(self.preset.currentData() or ""))
-        row.addWidget(QLabel("Preset", self))
-        row.addWidget(self.preset, 1)
-        row.addWidget(self.save_preset)
-        row.addWidget(self.delete_preset)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Preset", self))
+        top.addWidget(self.preset, 1)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.save_preset)
+        buttons.addWidget(self.delete_preset)
+        row.addLayout(top)
+        row.addLayout(buttons)
         self.set_presets([])
         return row
 

@@ -119,6 +119,7 @@ class Sidebar(QWidget):
         self.list.currentItemChanged.connect(self._on_current)
         self.list.setItemDelegate(ConversationDelegate(self.list))
         self.list.setUniformItemSizes(True)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         lay.addWidget(self.list, 1)
         self.no_matches = QLabel("No matches", self)
         self.no_matches.setObjectName("muted")

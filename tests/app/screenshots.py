@@ -39,6 +39,18 @@ def _grab(app, widget, path: Path, size) -> None:
     print(path)
 
 
+def _wait(app, w) -> None:
+    end = time.monotonic() + 20
+    while w.session.streams and time.monotonic() < end:
+        _pump(app, 0.05)
+
+
+def _send(app, w, text: str) -> None:
+    w.composer.edit.setPlainText(text)
+    w.composer.button.click()
+    _wait(app, w)
+
+
 def _chat(app, out: Path, fake_loader, home: Path):
     from app.chat.main_window import MainWindow
     from app.chat.settings_dialog import AppPreferences
@@ -48,13 +60,15 @@ def _chat(app, out: Path, fake_loader, home: Path):
     w = MainWindow(model_path=str(model_dir), loader=fake_loader, db_file=home / "shots.db")
     w.show()
     _pump(app, 1.0)
-    w.composer.edit.setPlainText(PROMPT)
-    w.composer.button.click()
-    end = time.monotonic() + 20
-    while w.session.streams and time.monotonic() < end:
-        _pump(app, 0.05)
+    notes = home / "notes.md"
+    notes.write_text("# Notes\nIterators implement __next__.\n", encoding="utf-8")
+    w.composer.attach_paths([str(notes)])
+    _send(app, w, PROMPT)
+    w.view.widgets[max(w.view.widgets)].regen_button.click()  # a second version: "‹ 2/2 ›"
+    _wait(app, w)
     w.composer.edit.setPlainText("line 1\nline 2\nline 3\nline 4\nline 5")
     default = (w.width(), w.height())
+    dash_default = None
     for theme in ("light", "dark"):
         w.apply_preferences(AppPreferences(theme=theme))
         for name, size in SIZES.items():
@@ -63,10 +77,9 @@ def _chat(app, out: Path, fake_loader, home: Path):
             _grab(app, w, out / f"chat-{theme}-{name}-settings.png", size or default)
             w.settings_button.setChecked(False)
         dash = w.aux.show_dashboard()
-        dash_default = dash.size()
+        dash_default = dash_default or (dash.width(), dash.height())
         for name, size in SIZES.items():
-            _grab(app, dash, out / f"dashboard-{theme}-{name}.png",
-                  size or (dash_default.width(), dash_default.height()))
+            _grab(app, dash, out / f"dashboard-{theme}-{name}.png", size or dash_default)
         models = w.aux.show_models()
         _grab(app, models, out / f"models-{theme}-default.png", None)
         models.hide()
