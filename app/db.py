@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +54,40 @@ def _v0_to_v1(db: sqlite3.Connection) -> None:
     """)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1]
+def _v1_to_v2(db: sqlite3.Connection) -> None:
+    """Branches (each message's ``parent_id``, each conversation's ``leaf_id``: the version on
+    screen), attachments, system-prompt presets and ``context_from`` (older turns left out of
+    the prompt). Existing chats become one straight branch; nothing is rewritten."""
+    _run_script(db, """
+        ALTER TABLE messages ADD COLUMN parent_id INTEGER
+            REFERENCES messages(id) ON DELETE CASCADE;
+        ALTER TABLE conversations ADD COLUMN leaf_id INTEGER;
+        ALTER TABLE conversations ADD COLUMN context_from INTEGER;
+        UPDATE messages SET parent_id = (SELECT max(p.id) FROM messages p
+            WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id);
+        UPDATE conversations SET leaf_id = (SELECT max(m.id) FROM messages m
+            WHERE m.conversation_id = conversations.id);
+        CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id);
+        CREATE TABLE attachments (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'text',
+            content TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX attachments_by_message ON attachments(message_id, id);
+        CREATE TABLE presets (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT NOT NULL UNIQUE,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL
+        );
+    """)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1, _v1_to_v2]
+LEAF = object()  # add_message's default parent: the conversation's current leaf
 
 
 class SchemaTooNewError(RuntimeError):
@@ -78,6 +111,25 @@ class Message:
     content: str
     created_at: float
     meta: dict = field(default_factory=dict)
+    parent_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file's text sent with a message (``kind``: "text", "code", "markdown" or "pdf")."""
+
+    name: str
+    content: str
+    kind: str = "text"
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Where a message sits among its versions: ``index`` (0-based) of ``count``."""
+
+    index: int
+    count: int
+    siblings: tuple[int, ...]
 
 
 class ChatStore:
@@ -169,6 +221,19 @@ class ChatStore:
             " ORDER BY c.updated_at DESC, c.id DESC", (pattern, pattern)).fetchall()
         return [_conv(r) for r in rows]
 
+    def first_matches(self, search: str) -> dict[int, tuple[int, str]]:
+        """For each live conversation with a message containing ``search``: (the first such
+        message's id, its text)."""
+        pattern = "%" + _escape_like(search.strip()) + "%"
+        rows = self._db.execute(
+            "SELECT m.conversation_id AS c, m.id AS id, m.content AS content FROM messages m "
+            "JOIN conversations c ON c.id = m.conversation_id WHERE c.deleted_at IS NULL AND "
+            "m.content LIKE ? ESCAPE '\\' ORDER BY m.id", (pattern,)).fetchall()
+        out: dict[int, tuple[int, str]] = {}
+        for r in rows:
+            out.setdefault(r["c"], (r["id"], _text(r["content"])))
+        return out
+
     def rename_conversation(self, conv_id: int, title: str) -> None:
         self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title, conv_id))
 
@@ -196,13 +261,31 @@ class ChatStore:
 
     # -- messages --------------------------------------------------------------------------
     def add_message(self, conv_id: int, role: str, content: str, *,
-                    meta: dict | None = None) -> int:
+                    meta: dict | None = None, parent_id=LEAF,
+                    attachments: tuple[Attachment, ...] | list[Attachment] = ()) -> int:
+        """Append a message under ``parent_id`` (default: the message on screen last, the
+        leaf; None: a new first message) and make it the leaf. One transaction."""
         now = time.time()
-        cur = self._db.execute(
-            "INSERT INTO messages (conversation_id, role, content, created_at, meta) "
-            "VALUES (?,?,?,?,?)", (conv_id, role, content, now, json.dumps(meta or {})))
-        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, conv_id))
-        return int(cur.lastrowid)
+        if parent_id is LEAF:
+            path = self.messages(conv_id)
+            parent_id = path[-1].id if path else None
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self._db.execute(
+                "INSERT INTO messages (conversation_id, role, content, created_at, meta, parent_id) "
+                "VALUES (?,?,?,?,?,?)",
+                (conv_id, role, content, now, json.dumps(meta or {}), parent_id))
+            msg_id = int(cur.lastrowid)
+            self._db.executemany(
+                "INSERT INTO attachments (message_id, name, kind, content, created_at) "
+                "VALUES (?,?,?,?,?)", [(msg_id, a.name, a.kind, a.content, now) for a in attachments])
+            self._db.execute("UPDATE conversations SET updated_at=?, leaf_id=? WHERE id=?",
+                             (now, msg_id, conv_id))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return msg_id
 
     def update_message(self, msg_id: int, *, content: str | None = None,
                        meta: dict | None = None) -> None:
@@ -215,16 +298,96 @@ class ChatStore:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (msg_id,)).fetchone()
         return _msg(row) if row else None
 
-    def messages(self, conv_id: int) -> list[Message]:
+    def all_messages(self, conv_id: int) -> list[Message]:
+        """Every message of every branch, oldest first."""
         rows = self._db.execute("SELECT * FROM messages WHERE conversation_id=? ORDER BY id",
                                 (conv_id,)).fetchall()
         return [_msg(r) for r in rows]
 
+    def messages(self, conv_id: int) -> list[Message]:
+        """The conversation as on screen: the path from the first message to the leaf."""
+        every = {m.id: m for m in self.all_messages(conv_id)}
+        if not every:
+            return []
+        row = self._db.execute("SELECT leaf_id FROM conversations WHERE id=?",
+                               (conv_id,)).fetchone()
+        leaf = row["leaf_id"] if row is not None else None
+        if leaf not in every:  # never set, or deleted: the newest message's branch
+            leaf = max(every)
+        path: list[Message] = []
+        node = every.get(leaf)
+        while node is not None and len(path) <= len(every):
+            path.append(node)
+            node = every.get(node.parent_id) if node.parent_id is not None else None
+        return path[::-1]
+
+    def branch(self, msg_id: int) -> Branch | None:
+        """``msg_id`` among the versions that share its parent (oldest first)."""
+        msg = self.message(msg_id)
+        if msg is None:
+            return None
+        rows = self._db.execute(
+            "SELECT id FROM messages WHERE conversation_id=? AND parent_id IS ? ORDER BY id",
+            (msg.conversation_id, msg.parent_id)).fetchall()
+        ids = tuple(r["id"] for r in rows)
+        return Branch(ids.index(msg_id), len(ids), ids)
+
+    def select_branch(self, conv_id: int, msg_id: int) -> None:
+        """Show the branch through ``msg_id``: the leaf becomes its newest descendant."""
+        node = msg_id
+        while True:
+            row = self._db.execute("SELECT max(id) AS id FROM messages WHERE parent_id=?",
+                                   (node,)).fetchone()
+            if row is None or row["id"] is None:
+                break
+            node = row["id"]
+        self.set_leaf(conv_id, node)
+
+    def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
+        self._db.execute("UPDATE conversations SET leaf_id=? WHERE id=?", (msg_id, conv_id))
+
+    def attachments(self, msg_ids: list[int]) -> dict[int, list[Attachment]]:
+        """The attachments of each of ``msg_ids`` that has some, in the order added."""
+        if not msg_ids:
+            return {}
+        marks = ",".join("?" * len(msg_ids))
+        rows = self._db.execute(
+            f"SELECT message_id, name, kind, content FROM attachments WHERE message_id IN ({marks})"
+            " ORDER BY id", list(msg_ids)).fetchall()
+        out: dict[int, list[Attachment]] = {}
+        for r in rows:
+            out.setdefault(r["message_id"], []).append(
+                Attachment(_text(r["name"]), _text(r["content"]), _text(r["kind"]) or "text"))
+        return out
+
+    def context_from(self, conv_id: int) -> int | None:
+        row = self._db.execute("SELECT context_from FROM conversations WHERE id=?",
+                               (conv_id,)).fetchone()
+        return row["context_from"] if row is not None else None
+
+    def set_context_from(self, conv_id: int, msg_id: int | None) -> None:
+        """Messages older than ``msg_id`` are left out of the prompt (None: none are)."""
+        self._db.execute("UPDATE conversations SET context_from=? WHERE id=?", (msg_id, conv_id))
+
+    # -- system prompt presets -------------------------------------------------------------
+    def presets(self) -> list[tuple[str, str]]:
+        rows = self._db.execute("SELECT name, system_prompt FROM presets ORDER BY name COLLATE NOCASE")
+        return [(_text(r["name"]), _text(r["system_prompt"])) for r in rows.fetchall()]
+
+    def save_preset(self, name: str, system_prompt: str) -> None:
+        self._db.execute("INSERT INTO presets (name, system_prompt, created_at) VALUES (?,?,?) "
+                         "ON CONFLICT(name) DO UPDATE SET system_prompt=excluded.system_prompt",
+                         (name, system_prompt, time.time()))
+
+    def delete_preset(self, name: str) -> None:
+        self._db.execute("DELETE FROM presets WHERE name=?", (name,))
+
     def delete_messages_from(self, conv_id: int, msg_id: int) -> int:
         """Delete ``msg_id`` and every later message of the conversation; returns the count."""
-        cur = self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?",
-                               (conv_id, msg_id))
-        return cur.rowcount
+        n = self._db.execute("SELECT count(*) FROM messages WHERE conversation_id=? AND id>=?",
+                             (conv_id, msg_id)).fetchone()[0]
+        self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conv_id, msg_id))
+        return int(n)
 
     def mark_interrupted(self) -> int:
         """Replies left 'streaming' by a crash become 'interrupted' (their text is kept)."""
@@ -284,7 +447,8 @@ def _conv(row: sqlite3.Row) -> Conversation:
 def _msg(row: sqlite3.Row) -> Message:
     return Message(id=row["id"], conversation_id=row["conversation_id"], role=row["role"],
                    content=_text(row["content"]), created_at=row["created_at"],
-                   meta=_json_dict(row["meta"], f"message {row['id']} meta"))
+                   meta=_json_dict(row["meta"], f"message {row['id']} meta"),
+                   parent_id=row["parent_id"])
 
 
 # -- opening the store whatever state the file is in ------------------------------------------

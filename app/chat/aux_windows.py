@@ -13,9 +13,11 @@ from typing import Protocol
 from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QWidget
 
+from app.dashboard.recorder import SessionRecord
 from app.dashboard.window import DashboardWindow
 from app.loaded_model import LoadedModel
 from app.models.window import ModelsWindow
+from app.window_state import SettingsStore, fit_to_screen, restore_geometry, save_geometry
 from app.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -33,14 +35,23 @@ class TunerView(Protocol):
 
 class AuxWindows(QObject):
     def __init__(self, parent: QWidget, worker: Worker, model: LoadedModel, *,
-                 on_load: Callable[[str], None], on_tune: Callable[[str], None]) -> None:
+                 on_load: Callable[[str], None], on_tune: Callable[[str], None],
+                 store: SettingsStore | None = None) -> None:
         super().__init__(parent)
         self._worker = worker
         self._model = model
         self._on_load = on_load
         self._on_tune = on_tune
+        self._store = store
         self.dashboard: DashboardWindow | None = None
         self.models: ModelsWindow | None = None
+        # the session's figures from the start, for a dashboard opened late
+        self.record = SessionRecord()
+        self.tuning: tuple[int, int, str] | None = None  # a tune running: its last progress
+        worker.stats.connect(self.on_stats)
+        worker.finished.connect(self.on_finished)
+        worker.server_stats.connect(self.on_stats)  # the local server's requests count too
+        worker.server_finished.connect(self.on_finished)
         worker.tune_progress.connect(self.on_tune_progress)
         worker.tune_finished.connect(self.on_tune_finished)
         worker.tune_failed.connect(self.on_tune_failed)
@@ -48,16 +59,15 @@ class AuxWindows(QObject):
 
     def show_dashboard(self) -> DashboardWindow:
         if self.dashboard is None:
-            self.dashboard = DashboardWindow(parent=None)
+            self.dashboard = DashboardWindow(parent=None, record=self.record)
             w = self._worker
-            w.stats.connect(self.dashboard.on_stats)
-            w.finished.connect(self.dashboard.on_finished)
-            w.server_stats.connect(self.dashboard.on_stats)  # the local server's requests
-            w.server_finished.connect(self.dashboard.on_finished)
-            self.dashboard.tune_requested.connect(lambda: self._on_tune(""))
+            self.dashboard.tune_requested.connect(lambda: self.start_tune(""))
             # a direct call: the worker thread is busy tuning
             self.dashboard.tune_cancel_requested.connect(lambda: w.cancel_tune())
             self.dashboard.set_model_info(self._model.info)
+            if self.tuning is not None:
+                self.dashboard.on_tune_progress(*self.tuning)
+            self._restore(self.dashboard, "dashboard")
         _raise(self.dashboard)
         return self.dashboard
 
@@ -65,10 +75,39 @@ class AuxWindows(QObject):
         if self.models is None:
             self.models = ModelsWindow(parent=None)
             self.models.load_requested.connect(self._on_load)
-            self.models.tune_requested.connect(self._on_tune)
+            self.models.tune_requested.connect(self.start_tune)
             self.models.set_loaded_model(self._model.info)
+            fit_to_screen(self.models, (self.models.width(), self.models.height()))
+            self._restore(self.models, "models")
+            if self.tuning is not None:
+                self.models.on_tune_progress(*self.tuning)
         _raise(self.models)
         return self.models
+
+    def start_tune(self, path: str) -> None:
+        """A tune asked for from any window: every tuner view shows it running."""
+        self.tuning = (0, 0, "Starting…")
+        if self.dashboard is not None:
+            self.dashboard.on_tune_progress(*self.tuning)
+        self._on_tune(path)
+
+    def _restore(self, w: QWidget, name: str) -> None:
+        if self._store is not None:
+            restore_geometry(self._store, name, w)
+
+    @Slot(int, object)
+    def on_stats(self, request_id: int, obj: object) -> None:
+        if self.dashboard is not None:
+            self.dashboard.on_stats(request_id, obj)
+        else:
+            self.record.add_stats(request_id, obj)
+
+    @Slot(int, str, object)
+    def on_finished(self, request_id: int, reason: str, summary) -> None:
+        if self.dashboard is not None:
+            self.dashboard.on_finished(request_id, reason, summary)
+        else:
+            self.record.finish(reason, summary)
 
     def _tuner_views(self) -> list[TunerView]:
         return [v for v in (self.dashboard, self.models) if v is not None]
@@ -82,22 +121,27 @@ class AuxWindows(QObject):
 
     @Slot(int, int, str)
     def on_tune_progress(self, done: int, total: int, message: str) -> None:
+        self.tuning = (done, total, message)
         for view in self._tuner_views():
             view.on_tune_progress(done, total, message)
 
     @Slot(object)
     def on_tune_finished(self, result: object) -> None:
+        self.tuning = None
         for view in self._tuner_views():
             view.on_tune_finished(result)
 
     @Slot(str)
     def on_tune_failed(self, message: str) -> None:
+        self.tuning = None
         for view in self._tuner_views():
             view.on_tune_failed(message)
 
     def close_all(self) -> None:
-        for w in (self.dashboard, self.models):
+        for name, w in (("dashboard", self.dashboard), ("models", self.models)):
             if w is not None:
+                if self._store is not None:
+                    save_geometry(self._store, name, w)
                 w.close()
                 w.deleteLater()
         self.dashboard = self.models = None

@@ -1,13 +1,25 @@
 """The message box: Enter sends, Shift+Enter adds a newline, the button turns into Stop while
 a reply streams. Also shows the "editing a message" banner.
 
-Signals: ``send_requested(str)``, ``stop_requested()``, ``edit_cancelled()``.
+Files can be attached (the Attach button, or dropped on the composer): they show as removable
+chips above the message box and go with the next message (``attachments``).
+
+Signals: ``send_requested(str)``, ``stop_requested()``, ``edit_cancelled()``,
+``attachments_changed()``, ``attach_failed(str message)``.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QFileDialog, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
+                               QToolButton, QVBoxLayout, QWidget)
+
+from app.chat.attachments import (FILE_FILTER, AttachmentError, estimate_tokens,
+                                  read_attachment)
+from app.db import Attachment
+
+
+MAX_LINES = 8
 
 
 class ComposerEdit(QPlainTextEdit):
@@ -28,12 +40,18 @@ class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
     edit_cancelled = Signal()
+    attachments_changed = Signal()
+    attach_failed = Signal(str)
+    thinking_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._busy = False
         self._can_send = False
         self.editing_msg_id: int | None = None
+        self.attachments: list[Attachment] = []
+        self._chips: list[QToolButton] = []
+        self.setAcceptDrops(True)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(16, 4, 16, 12)
         lay.setSpacing(4)
@@ -49,6 +67,39 @@ class Composer(QWidget):
         bl.addWidget(self.cancel_edit_button)
         self.edit_banner.hide()
         lay.addWidget(self.edit_banner)
+        self.chip_row = QHBoxLayout()
+        self.chip_row.setSpacing(4)
+        self.chip_row.setContentsMargins(0, 0, 0, 0)
+        self.attach_button = QToolButton(self)
+        self.attach_button.setText("Attach…")
+        self.attach_button.setAccessibleName("Attach files")
+        self.attach_button.setToolTip("Attach text, code, Markdown or PDF files (or drop them here)")
+        self.attach_button.clicked.connect(self.ask_files)
+        self.chip_row.addWidget(self.attach_button)
+        self.think_button = QToolButton(self)
+        self.think_button.setText("Think")
+        self.think_button.setCheckable(True)
+        self.think_button.setAccessibleName("Thinking")
+        self.think_button.setToolTip("Let the model think before it answers (this chat)")
+        self.think_button.toggled.connect(self.thinking_toggled)
+        self.chip_row.addWidget(self.think_button)
+        self.chip_row.addStretch(1)
+        lay.addLayout(self.chip_row)
+        lay.addLayout(self._input_row())
+        self.hint = QLabel("", self)
+        self.hint.setObjectName("muted")
+        lay.addWidget(self.hint)
+        self.warning = QLabel("", self)
+        self.warning.setObjectName("errorText")
+        self.warning.setWordWrap(True)
+        self.warning.setAccessibleName("Context warning")
+        self.warning.hide()
+        lay.addWidget(self.warning)
+        self._fit()
+        self._sync()
+
+    def _input_row(self) -> QHBoxLayout:
+        """The message box, and Send/Stop on its right."""
         row = QHBoxLayout()
         self.edit = ComposerEdit(self)
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
@@ -65,12 +116,7 @@ class Composer(QWidget):
         self.button.setMinimumWidth(84)
         row.addWidget(self.edit, 1)
         row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
-        lay.addLayout(row)
-        self.hint = QLabel("", self)
-        self.hint.setObjectName("muted")
-        lay.addWidget(self.hint)
-        self._fit()
-        self._sync()
+        return row
 
     @property
     def text(self) -> str:
@@ -96,9 +142,16 @@ class Composer(QWidget):
             self.button.setEnabled(self._can_send and bool(self.text.strip()))
 
     def _fit(self, *_args) -> None:
-        lines = max(1, min(8, int(self.edit.document().size().height())))
-        fm = self.edit.fontMetrics()
-        self.edit.setFixedHeight(lines * fm.lineSpacing() + 18)
+        """Grow with the text up to ``MAX_LINES`` lines, every one of them fully shown: a
+        line's height is its block's (the font's line spacing rounded up), plus the document
+        margins, the frame and the viewport margins."""
+        e = self.edit
+        doc = e.document()
+        lines = max(1, min(MAX_LINES, int(doc.size().height())))
+        line_h = max(e.fontMetrics().lineSpacing(), int(e.blockBoundingRect(doc.firstBlock()).height()))
+        m = e.contentsMargins()
+        chrome = int(2 * doc.documentMargin()) + 2 * e.frameWidth() + m.top() + m.bottom()
+        e.setFixedHeight(lines * line_h + chrome + 4)
 
     def _on_button(self) -> None:
         if self._busy:
@@ -114,6 +167,71 @@ class Composer(QWidget):
 
     def clear(self) -> None:
         self.edit.clear()
+        self.set_attachments([])
+
+    # -- attachments --------------------------------------------------------------------------
+    def ask_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files", "", FILE_FILTER)
+        self.attach_paths(paths)
+
+    def attach_paths(self, paths) -> None:
+        """Read and attach ``paths``; a file that cannot be attached is reported, the rest kept."""
+        added = list(self.attachments)
+        for path in paths:
+            try:
+                added.append(read_attachment(path))
+            except AttachmentError as exc:
+                self.attach_failed.emit(str(exc))
+        self.set_attachments(added)
+
+    def set_attachments(self, files: list[Attachment]) -> None:
+        self.attachments = list(files)
+        for chip in self._chips:
+            self.chip_row.removeWidget(chip)
+            chip.hide()
+            chip.deleteLater()
+        self._chips = []
+        for i, a in enumerate(self.attachments):
+            chip = QToolButton(self)
+            chip.setObjectName("chipButton")
+            chip.setText(f"{a.name}  ✕")
+            chip.setToolTip(f"{a.name}: about {estimate_tokens(a.content):,} tokens. Click to remove.")
+            chip.setAccessibleName(f"Remove attachment {a.name}")
+            chip.clicked.connect(lambda _=False, k=i: self.remove_attachment(k))
+            self.chip_row.insertWidget(2 + i, chip)  # after Attach and Think
+            self._chips.append(chip)
+        self.attachments_changed.emit()
+
+    def remove_attachment(self, index: int) -> None:
+        files = list(self.attachments)
+        if 0 <= index < len(files):
+            del files[index]
+            self.set_attachments(files)
+
+    def set_thinking(self, on: bool, *, available: bool) -> None:
+        """This chat's thinking switch (disabled when the model's template has none)."""
+        self.think_button.blockSignals(True)
+        self.think_button.setChecked(on and available)
+        self.think_button.blockSignals(False)
+        self.think_button.setEnabled(available)
+        self.think_button.setToolTip(
+            "Let the model think before it answers (this chat)" if available
+            else "This model's chat template has no thinking switch")
+
+    def set_warning(self, text: str) -> None:
+        """A warning under the message box (the context would overflow); empty hides it."""
+        self.warning.setText(text)
+        self.warning.setVisible(bool(text))
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.mimeData().hasUrls() and not self._busy:
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            self.attach_paths(paths)
+            event.acceptProposedAction()
 
     def begin_edit(self, msg_id: int, text: str) -> None:
         self.editing_msg_id = msg_id

@@ -6,19 +6,31 @@ once per ``show_conversation``; a streaming reply is updated in place through
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy,
                                QVBoxLayout, QWidget)
 
+from app.chat.markdown import plain_inline
 from app.chat.message_widget import MessageWidget
 from app.db import Message
 
 MAX_COLUMN_WIDTH = 860
 
 
+class _Canvas(QWidget):
+    """The scrolled widget. Its height is its height for the viewport's width: the default
+    minimum size hint measures every word-wrapped label at its narrowest, hundreds of pixels
+    too tall, which left a blank band under the last message (all one saw after a resize,
+    since the view sticks to the bottom)."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(super().minimumSizeHint().width(), 0)
+
+
 class ConversationView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    branch_requested = Signal(int, int)  # (msg_id, step): show another version
     example_requested = Signal(str)  # an example prompt of the empty state was clicked
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -33,7 +45,8 @@ class ConversationView(QScrollArea):
         self.widgets: dict[int, MessageWidget] = {}
         self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
-        canvas = QWidget()
+        self.highlighted: int | None = None  # the message a search jumped to
+        canvas = _Canvas()
         canvas.setObjectName("conversationCanvas")
         outer = QHBoxLayout(canvas)
         outer.setContentsMargins(16, 16, 16, 16)
@@ -74,7 +87,7 @@ class ConversationView(QScrollArea):
         self.example_buttons = []
         self.empty_text.setText(intro or "Send a message to start the conversation.")
         for prompt in prompts:
-            b = QPushButton(prompt, self.empty_label)
+            b = QPushButton(plain_inline(prompt), self.empty_label)
             b.setCursor(Qt.CursorShape.PointingHandCursor)
             b.setToolTip("Send this message")
             b.clicked.connect(lambda _=False, p=prompt: self.example_requested.emit(p))
@@ -89,6 +102,25 @@ class ConversationView(QScrollArea):
         if self._stick:
             self.verticalScrollBar().setValue(hi)
 
+    def show_match(self, msg_id: int) -> None:
+        """Scroll to message ``msg_id`` (a search hit) and mark it until the next rebuild."""
+        row = self._rows.get(msg_id)
+        if row is None:
+            return
+        self.highlighted = msg_id
+        w = self.widgets[msg_id]
+        w.setProperty("match", True)
+        w.style().unpolish(w)
+        w.style().polish(w)
+        self._stick = False
+
+        def scroll() -> None:
+            if self._rows.get(msg_id) is row:
+                self._stick = False
+                self.ensureWidgetVisible(row, 0, 40)
+        QTimer.singleShot(0, scroll)
+        QTimer.singleShot(120, scroll)  # again once the rows' heights have settled
+
     def scroll_to_bottom(self) -> None:
         self._stick = True
         bar = self.verticalScrollBar()
@@ -101,11 +133,16 @@ class ConversationView(QScrollArea):
             row.deleteLater()
         self.widgets.clear()
         self._rows.clear()
+        self.highlighted = None
         self.empty_label.show()
 
     def show_conversation(self, conv_id: int | None, messages: list[Message],
-                          live: dict[int, tuple[str, dict]] | None = None) -> None:
-        """Rebuild for ``messages``; ``live`` maps message ids still streaming to (text, meta)."""
+                          live: dict[int, tuple[str, dict]] | None = None, *,
+                          branches: dict[int, tuple[int, int]] | None = None,
+                          attachments: dict | None = None) -> None:
+        """Rebuild for ``messages``; ``live`` maps message ids still streaming to (text, meta),
+        ``branches`` message ids with other versions to (index, count), ``attachments``
+        message ids to their files."""
         self.setUpdatesEnabled(False)
         try:
             self.clear()
@@ -113,7 +150,9 @@ class ConversationView(QScrollArea):
             for m in messages:
                 content, meta = (live or {}).get(m.id, (m.content, m.meta))
                 final = m.id not in (live or {})
-                self.add_message(m.id, m.role, content, meta, final=final)
+                w = self.add_message(m.id, m.role, content, meta, final=final)
+                w.set_branch(*(branches or {}).get(m.id, (1, 1)))
+                w.set_attachments((attachments or {}).get(m.id, ()))
         finally:
             self.setUpdatesEnabled(True)
         self.scroll_to_bottom()
@@ -123,6 +162,7 @@ class ConversationView(QScrollArea):
         w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
+        w.branch_requested.connect(self.branch_requested)
         w.update_content(content, meta, final=final)
         row: QWidget = w
         if role == "user":  # the user's bubble hugs its text on the right, like a messenger

@@ -17,16 +17,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.chat.export import to_json, to_markdown
+from app.chat.markdown import plain_inline
 from app.chat.settings import ChatSettings
-from app.db import ChatStore, Conversation, Message
+from app.db import LEAF, Attachment, ChatStore, Conversation, Message
 
 NEW_TITLE = "New chat"
 
 
 def make_title(text: str, limit: int = 48) -> str:
     """A conversation title from its first message: one line, at most ``limit`` characters."""
-    line = " ".join(text.strip().split())
+    line = " ".join(plain_inline(text).strip().split())
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def snippet(text: str, term: str, width: int = 70) -> str:
+    """One line of ``text`` around the first (case-insensitive) occurrence of ``term``."""
+    flat = " ".join(text.split())
+    i = flat.lower().find(term.strip().lower())
+    if i < 0:
+        return flat[:width] + ("…" if len(flat) > width else "")
+    start = max(0, i - width // 3)
+    end = min(len(flat), start + width)
+    return ("…" if start else "") + flat[start:end] + ("…" if end < len(flat) else "")
 
 
 class Conversations:
@@ -54,6 +66,13 @@ class Conversations:
     def listing(self, search: str = "") -> list[Conversation]:
         return self.store.conversations(search=search)
 
+    def search_matches(self, search: str) -> dict[int, tuple[int, str]]:
+        """conversation id -> (first matching message id, a one-line snippet around it)."""
+        if not search.strip():
+            return {}
+        return {c: (m, snippet(text, search))
+                for c, (m, text) in self.store.first_matches(search).items()}
+
     def get(self, conv_id: int | None) -> Conversation | None:
         return self.store.conversation(conv_id) if conv_id is not None else None
 
@@ -72,8 +91,36 @@ class Conversations:
         return conv_id is not None and not self.store.messages(conv_id)
 
     def count_after(self, conv_id: int, msg_id: int) -> int:
-        """Messages after ``msg_id`` (what editing ``msg_id`` and resending replaces)."""
+        """Messages after ``msg_id`` on the branch on screen."""
         return sum(1 for m in self.store.messages(conv_id) if m.id > msg_id)
+
+    def branches(self, conv_id: int) -> dict[int, tuple[int, int]]:
+        """msg_id -> (index, count) for every message with other versions (1-based index)."""
+        groups: dict[int | None, list[int]] = {}
+        for m in self.store.all_messages(conv_id):
+            groups.setdefault(m.parent_id, []).append(m.id)
+        return {mid: (i + 1, len(ids)) for ids in groups.values() if len(ids) > 1
+                for i, mid in enumerate(ids)}
+
+    def switch_branch(self, conv_id: int, msg_id: int, step: int) -> int | None:
+        """Show the version ``step`` away from ``msg_id`` (and the branch below it); returns
+        the version now shown, None when there is none that way."""
+        b = self.store.branch(msg_id)
+        if b is None or not 0 <= b.index + step < b.count:
+            return None
+        target = b.siblings[b.index + step]
+        self.store.select_branch(conv_id, target)
+        return target
+
+    def attachments(self, conv_id: int) -> dict[int, list[Attachment]]:
+        return self.store.attachments([m.id for m in self.store.messages(conv_id)])
+
+    def context_from(self, conv_id: int) -> int | None:
+        return self.store.context_from(conv_id)
+
+    def drop_before(self, conv_id: int, msg_id: int | None) -> None:
+        """Leave the messages older than ``msg_id`` out of the prompt (they stay on screen)."""
+        self.store.set_context_from(conv_id, msg_id)
 
     def editable(self, msg_id: int) -> Message | None:
         msg = self.store.message(msg_id)
@@ -120,8 +167,19 @@ class Conversations:
         self.store.touch(conv_id)
 
     # -- messages (written by the chat session) -----------------------------------------------
-    def add_user_message(self, conv_id: int, text: str) -> int:
-        return self.store.add_message(conv_id, "user", text)
+    def add_user_message(self, conv_id: int, text: str, *, attachments=(),
+                         parent_id=LEAF) -> int:
+        """Append to the branch on screen, or (``parent_id``) start a new version there."""
+        return self.store.add_message(conv_id, "user", text, attachments=tuple(attachments),
+                                      parent_id=parent_id)
+
+    def new_version_of(self, conv_id: int, msg_id: int) -> Message | None:
+        """Prepare a new version of ``msg_id``: the branch on screen ends at its parent (the
+        old version is kept). Returns the message (None if gone)."""
+        msg = self.store.message(msg_id)
+        if msg is not None and msg.parent_id is not None:
+            self.store.set_leaf(conv_id, msg.parent_id)
+        return msg
 
     def add_reply(self, conv_id: int, meta: dict) -> int:
         """An empty assistant message that a reply streams into."""

@@ -36,6 +36,7 @@ from app.chat.markdown import (
     Block,
     draft_spans_in,
     highlight_html,
+    protect_identifiers,
     split_blocks,
     stable_count,
     tinted_html,
@@ -188,7 +189,7 @@ def markdown_html(text: str, *, font: QFont, code_bg: str) -> str:
     """
     doc = QTextDocument()
     doc.setDefaultFont(font)
-    doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    doc.setMarkdown(protect_identifiers(text), QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
     code_fmt = QTextCharFormat()
     code_fmt.setFontFamilies(_MONO)
     code_fmt.setBackground(QColor(code_bg))

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -40,11 +39,14 @@ from app.chat.session import ChatSession
 from app.chat.settings import ChatSettings
 from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, DefaultsDialog
 from app.chat.sidebar import Sidebar
-from app.chat.theme import apply_theme, current_colors, stylesheet
+from app.chat.window_conversations import ConversationActions
+from app.chat.window_sending import SendingActions
+from app.chat.theme import apply_app_style, apply_theme
 from app.db import StoreNotice, open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
 from app.server_control import ServerControl, install as install_server
+from app.window_state import fit_to_screen, restore_geometry, save_geometry
 from app.worker import Loader, WorkerThread
 from engine.types import ModelInfo
 
@@ -64,6 +66,7 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
+DEFAULT_SIZE = (1180, 760)  # within a 1280×800 screen's available area
 DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?",
                  "Explain str.split.")
 
@@ -80,14 +83,14 @@ def _examples_for(info) -> tuple[str, list[str]]:
             "and little else. Try:", list(DEMO_EXAMPLES))
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ConversationActions, SendingActions, QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
         self.setWindowTitle("MTP Chat")
-        self.resize(1180, 780)
         self._closed = False
         self._restyling = False
+        self.search_matches: dict[int, tuple[int, str]] = {}
         self.store, self.store_notice = open_chat_store(
             (lambda: Path(db_file)) if db_file else db_path)
         self.conversations = Conversations(self.store)
@@ -101,10 +104,13 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._connect()
         self.aux = AuxWindows(self, self.worker, self.model, on_load=self.load_model,
-                              on_tune=self.tune_model)
+                              on_tune=self.tune_model, store=self.store)
         self.server = ServerControl(self.worker, self.model, self.store, self)
         install_server(self, self.server)
+        fit_to_screen(self, DEFAULT_SIZE)
+        restore_geometry(self.store, "main", self)
         self.apply_preferences(self.prefs)
+        self.settings_panel.set_presets(self.store.presets())
         self._show_store_notice(self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
         self.open_conversation(self.conversations.start())
@@ -227,197 +233,22 @@ class MainWindow(QMainWindow):
         self.composer.stop_requested.connect(self.stop)
         self.view.edit_requested.connect(self.begin_edit)
         self.view.regenerate_requested.connect(self.regenerate)
+        self.view.branch_requested.connect(self.switch_branch)
+        self.composer.attach_failed.connect(lambda text: self.show_error("Cannot attach", text))
+        self.composer.attachments_changed.connect(self.on_attachments_changed)
         self.view.example_requested.connect(self.on_send)
         self.picker.load_requested.connect(self.load_model)
         self.settings_panel.settings_changed.connect(self.on_chat_settings_changed)
         self.settings_panel.reset_requested.connect(self.reset_chat_settings)
+        self.settings_panel.preset_saved.connect(self.save_preset)
+        self.settings_panel.preset_deleted.connect(self.delete_preset)
+        self.composer.thinking_toggled.connect(self.set_thinking)
 
     def _initial_model(self) -> str:
         last = self.conversations.last_model()
         if last and Path(last).exists():
             return last
         return str(default_model_path())
-
-    # -- conversations -----------------------------------------------------------------------
-    @Slot()
-    def refresh_sidebar(self) -> None:
-        convs = self.conversations.listing(self.sidebar.search.text())
-        self.sidebar.set_conversations(convs, self.current_conv,
-                                       streaming=self.session.streaming_conversations())
-
-    @Slot(int)
-    def open_conversation(self, conv_id: int) -> None:
-        if conv_id != self.current_conv:
-            self.composer.cancel_edit()
-        self.conversations.current = conv_id
-        self._reload_view()
-        self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
-        self.refresh_sidebar()
-        self._sync_composer()
-
-    def _reload_view(self) -> None:
-        conv = self.current_conv
-        if conv is None:
-            self.view.show_conversation(None, [])
-            return
-        self.view.show_conversation(conv, self.conversations.messages(conv),
-                                    self.session.live_messages(conv))
-        self.view.update_actions(busy=self.session.busy)
-
-    def new_chat(self) -> None:
-        if not self.conversations.is_empty(self.current_conv):
-            self.open_conversation(self.session.new_conversation())
-        self.composer.edit.setFocus()
-
-    def ask_rename(self, conv_id: int) -> None:
-        conv = self.conversations.get(conv_id)
-        if conv is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
-        if ok and title.strip():
-            self.rename_conversation(conv_id, title.strip())
-
-    def rename_conversation(self, conv_id: int, title: str) -> None:
-        self.conversations.rename(conv_id, title)
-        self.refresh_sidebar()
-
-    def delete_conversation(self, conv_id: int) -> None:
-        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
-        self.session.stop_conversation(conv_id)
-        conv = self.conversations.delete(conv_id)
-        if conv is None:
-            return
-        self.sidebar.show_undo(conv.title)
-        if self.current_conv is None:
-            self.open_conversation(self.conversations.next_after_delete())
-        else:
-            self.refresh_sidebar()
-
-    def undo_delete(self) -> None:
-        cid = self.conversations.undo_delete()
-        if cid is not None:
-            self.sidebar.hide_undo()
-            self.open_conversation(cid)
-
-    def ask_export(self, conv_id: int, fmt: str) -> None:
-        name = self.conversations.export_name(conv_id, fmt)
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
-                                              if fmt == "md" else "JSON (*.json)")
-        if path:
-            self.export_conversation(conv_id, fmt, path)
-
-    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path:
-        out = self.conversations.export(conv_id, fmt, path)
-        self.statusBar().showMessage(f"Exported to {out}", 5000)
-        return out
-
-    def _export_current(self, fmt: str) -> None:
-        if self.current_conv is not None:
-            self.ask_export(self.current_conv, fmt)
-
-    def copy_chat(self) -> None:
-        """The whole open chat, as Markdown, to the clipboard."""
-        if self.conversations.get(self.current_conv) is None:
-            return
-        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current_conv, "md"))
-        self.statusBar().showMessage("Chat copied as Markdown", 3000)
-
-    def focus_search(self) -> None:
-        self.sidebar.search.setFocus()
-        self.sidebar.search.selectAll()
-
-    # -- sending, editing, stopping ----------------------------------------------------------
-    def confirm(self, title: str, text: str) -> bool:
-        """Ask yes/no (tests replace this)."""
-        answer = QMessageBox.question(self, title, text)
-        return answer == QMessageBox.StandardButton.Yes
-
-    @Slot(str)
-    def on_send(self, text: str) -> None:
-        conv = self.current_conv
-        if conv is None or not self.session.can_reply():
-            return
-        editing = self.composer.editing_msg_id
-        if editing is not None:
-            later = self.conversations.count_after(conv, editing)
-            if later and not self.confirm(
-                    "Resend edited message?",
-                    f"Sending replaces the original message and the {later} message(s) after it."):
-                return
-            if self.session.edit_and_resend(conv, editing, text) is None:
-                return  # not saved: the composer keeps the text (the banner says why)
-            self.composer.end_edit()
-        elif self.session.send(conv, text) is None:
-            return
-        self.composer.clear()
-        self.view.scroll_to_bottom()
-
-    def begin_edit(self, msg_id: int) -> None:
-        msg = self.conversations.editable(msg_id)
-        if msg is not None and not self.session.busy:
-            self.composer.begin_edit(msg_id, msg.content)
-
-    def regenerate(self, msg_id: int) -> None:
-        if self.current_conv is not None and self.session.can_reply():
-            self.session.regenerate(self.current_conv, msg_id)
-
-    def stop(self) -> None:
-        self.session.stop()
-        for msg_id, (content, meta) in self.session.live_messages(self.current_conv).items():
-            self.view.update_message(msg_id, content, meta, final=False)
-
-    def on_escape(self) -> None:
-        if self.session.busy:
-            self.stop()
-        elif self.composer.editing_msg_id is not None:
-            self.composer.cancel_edit()
-
-    @Slot(int, int)
-    def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
-        if self._closed or conv_id != self.current_conv:  # (queued signals after shutdown)
-            return
-        st = self.session.stream_for_message(msg_id)
-        if st is not None:
-            self.view.update_message(msg_id, st.content, st.live_meta(), final=False)
-
-    @Slot(int, int, str)
-    def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
-            return
-        msg = self.conversations.message(msg_id)
-        # A reply the disk had no room for is still in memory: show that, not the stale row.
-        content, meta = self.session.live_messages(conv_id).get(
-            msg_id, (msg.content, msg.meta) if msg is not None else (None, {}))
-        if conv_id == self.current_conv and content is not None:
-            self.view.update_message(msg_id, content, meta, final=True)
-        if status == "error":
-            error = meta.get("error", "")
-            self.statusBar().showMessage(f"The reply failed: {error}", 10000)
-        self.refresh_sidebar()
-
-    @Slot(int)
-    def on_messages_changed(self, conv_id: int) -> None:
-        if conv_id == self.current_conv:
-            self._reload_view()
-
-    @Slot(bool)
-    def on_busy_changed(self, _busy: bool) -> None:
-        self._sync_composer()
-        self.view.update_actions(busy=self.session.busy)
-
-    def _sync_composer(self) -> None:
-        active = self.session.active_stream()
-        here = active is not None and active.conv_id == self.current_conv
-        hint = ""
-        if self.model.loading_path is not None:
-            hint = "Loading the model…"
-        elif self.model.info is None:
-            hint = "No model is loaded."
-        elif active is not None and not here:
-            title = self.conversations.title(active.conv_id)
-            hint = f"A reply is being written in “{title}”. Press Esc to stop it."
-        self.composer.set_state(busy=here, can_send=self.model.ready and active is None,
-                                hint=hint)
 
     # -- models ------------------------------------------------------------------------------
     def load_model(self, path: str) -> None:
@@ -447,6 +278,7 @@ class MainWindow(QMainWindow):
         self.view.model_name = info.name
         self.settings_panel.form.set_model_info(info)
         self.conversations.remember_model(info.path)
+        self.sync_thinking()
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
         QTimer.singleShot(0, _freeze_heap)
 
@@ -492,6 +324,32 @@ class MainWindow(QMainWindow):
     def on_chat_settings_changed(self, settings: ChatSettings) -> None:
         if self.current_conv is not None:
             self.conversations.set_settings(self.current_conv, settings)
+        self.sync_thinking()
+
+    def sync_thinking(self) -> None:
+        """The composer's Think switch shows this chat's setting and the model's ability."""
+        if self.current_conv is None:
+            return
+        info = self.model.info
+        able = info is None or bool(getattr(info, "supports_thinking", False))
+        self.composer.set_thinking(self.conversations.settings_for(self.current_conv).thinking,
+                                   available=able)
+
+    def set_thinking(self, on: bool) -> None:
+        if self.current_conv is None:
+            return
+        settings = replace(self.conversations.settings_for(self.current_conv), thinking=on)
+        self.conversations.set_settings(self.current_conv, settings)
+        self.settings_panel.form.set_settings(settings)
+
+    def save_preset(self, name: str, prompt: str) -> None:
+        self.store.save_preset(name, prompt)
+        self.settings_panel.set_presets(self.store.presets())
+
+    def delete_preset(self, name: str) -> None:
+        if name:
+            self.store.delete_preset(name)
+            self.settings_panel.set_presets(self.store.presets())
 
     def reset_chat_settings(self) -> None:
         if self.current_conv is not None:
@@ -529,7 +387,7 @@ class MainWindow(QMainWindow):
             return
         self._restyling = True
         try:
-            self.setStyleSheet(stylesheet(current_colors()))
+            apply_app_style()
             self._reload_view()
         finally:
             self._restyling = False
@@ -582,5 +440,6 @@ class MainWindow(QMainWindow):
         self.session.shutdown()
         self.server.shutdown()
         self.worker_thread.shutdown()
+        save_geometry(self.store, "main", self)
         self.aux.close_all()
         self.conversations.close()

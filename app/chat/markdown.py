@@ -146,6 +146,31 @@ def stable_count(text: str, blocks: list[Block], *, final: bool) -> int:
     return n
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+_DUNDER = re.compile(r"(?<![\w\\])__([A-Za-z0-9][A-Za-z0-9_]*?)__(?!\w)")
+
+
+def protect_identifiers(markdown: str) -> str:
+    """Escape the underscores of Python dunder names (``__next__``, ``__init__``) outside code
+    spans, so Markdown does not read them as strong emphasis: ``.__next__()`` stays itself.
+    (People and models write bold as ``**bold**``; ``__x__`` in a chat is nearly always code.)"""
+    out: list[str] = []
+    pos = 0
+    for m in _CODE_SPAN.finditer(markdown):
+        out.append(_DUNDER.sub(r"\\_\\_\1\\_\\_", markdown[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(_DUNDER.sub(r"\\_\\_\1\\_\\_", markdown[pos:]))
+    return "".join(out)
+
+
+def plain_inline(text: str) -> str:
+    """``text`` without inline Markdown marks (code backticks, ``**``): for one-line places
+    that show plain text, such as buttons and chat titles."""
+    text = _CODE_SPAN.sub(lambda m: m.group(2).strip(), text)
+    return re.sub(r"\*\*(.+?)\*\*", r"\1", text)
+
+
 def draft_spans_in(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
     """The parts of ``spans`` (absolute [a, b) ranges) inside [start, end), made relative."""
     out = []

@@ -70,9 +70,24 @@ def _action(parent: QWidget, text: str, name: str, tip: str) -> QToolButton:
     return b
 
 
+def attachment_chip(parent: QWidget, name: str, kind: str) -> QLabel:
+    """A file's name in a rounded chip (``QLabel#chip``)."""
+    # (no emoji: many Linux desktops have no font for them)
+    chip = QLabel(name, parent)
+    chip.setObjectName("chip")
+    chip.setToolTip(f"Attached {kind} file: {name}")
+    chip.setAccessibleName(f"Attached file {name}")
+    chip.setStyleSheet("padding: 1px 8px;")
+    return chip
+
+
 class MessageWidget(QFrame):
+    """Signals: ``edit_requested(msg_id)``, ``regenerate_requested(msg_id)``, ``copied(str)``,
+    ``branch_requested(msg_id, step)`` (the "‹ 2/3 ›" switcher: step -1 or +1)."""
+
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
+    branch_requested = Signal(int, int)
     copied = Signal(str)
 
     def __init__(self, msg_id: int, role: str, *, model_name: str | None = None,
@@ -118,6 +133,8 @@ class MessageWidget(QFrame):
         row.setSpacing(2)
         self.stats_label = QLabel("", self)
         self.stats_label.setObjectName("statsLine")
+        self.stats_label.setWordWrap(True)  # a narrow column wraps it instead of overflowing
+        self.stats_label.setMinimumWidth(60)
         self.stats_label.setAccessibleName("Reply statistics")
         self.copy_button = _action(self, "Copy", "Copy message", "Copy this message")
         self.copy_button.clicked.connect(self.copy)
@@ -125,9 +142,22 @@ class MessageWidget(QFrame):
         self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.msg_id))
         self.regen_button = _action(self, "Regenerate", "Regenerate reply", "Write this reply again")
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.msg_id))
-        row.addWidget(self.stats_label, 1)
+        self.prev_button = _action(self, "‹", "Previous version", "Show the previous version")
+        self.prev_button.clicked.connect(lambda: self.branch_requested.emit(self.msg_id, -1))
+        self.branch_label = QLabel("", self)
+        self.branch_label.setObjectName("branchLabel")
+        self.branch_label.setAccessibleName("Version")
+        self.next_button = _action(self, "›", "Next version", "Show the next version")
+        self.next_button.clicked.connect(lambda: self.branch_requested.emit(self.msg_id, 1))
+        # the stats line has a row of its own (it wraps), the actions the row below
+        self._lay.addWidget(self.stats_label)
+        self.stats_label.hide()
+        for w in (self.prev_button, self.branch_label, self.next_button):
+            row.addWidget(w)
+        row.addStretch(1)
         for b in (self.copy_button, self.edit_button, self.regen_button):
             row.addWidget(b)
+        self.set_branch(1, 1)
         self.edit_button.setVisible(self.role == "user")
         self.regen_button.setVisible(False)
         self._lay.addLayout(row)
@@ -142,9 +172,36 @@ class MessageWidget(QFrame):
                       default=0)
         m = self._lay.contentsMargins()
         actions = sum(b.sizeHint().width() for b in (self.copy_button, self.edit_button)) + 12
+        if self.branch[1] > 1:
+            actions += sum(w.sizeHint().width() for w in
+                           (self.prev_button, self.branch_label, self.next_button))
+        chips = sum(c.sizeHint().width() + 4 for c in getattr(self, "chips", ()))
+        actions = max(actions, chips)
         want = max(longest, actions, fm.horizontalAdvance("You")) + m.left() + m.right() + 4
         hint.setWidth(min(want, self.maximumWidth()))
         return hint
+
+    def set_branch(self, index: int, count: int) -> None:
+        """Show "‹ index/count ›" (hidden when the message has one version)."""
+        self.branch = (index, count)
+        many = count > 1
+        self.branch_label.setText(f"{index}/{count}")
+        for w in (self.prev_button, self.branch_label, self.next_button):
+            w.setVisible(many)
+        self.prev_button.setEnabled(index > 1)
+        self.next_button.setEnabled(index < count)
+
+    def set_attachments(self, files) -> None:
+        """Chips with the names of the files sent with this message."""
+        if not files:
+            return
+        row = QHBoxLayout()
+        row.setSpacing(4)
+        self.chips = [attachment_chip(self, a.name, a.kind) for a in files]
+        for chip in self.chips:
+            row.addWidget(chip)
+        row.addStretch(1)
+        self._lay.insertLayout(1, row)
 
     def copy(self) -> None:
         text = split_think(self.content).answer if self.role == "assistant" else self.content
@@ -153,6 +210,9 @@ class MessageWidget(QFrame):
 
     def set_actions_enabled(self, *, edit: bool, regenerate: bool, regenerate_visible: bool) -> None:
         self.edit_button.setEnabled(edit)
+        index, count = self.branch
+        self.prev_button.setEnabled(edit and index > 1)
+        self.next_button.setEnabled(edit and index < count)
         self._regen_wanted = regenerate_visible and self.role == "assistant"
         self.regen_button.setVisible(self._regen_wanted and not self._streaming)
         self.regen_button.setEnabled(regenerate)
@@ -194,6 +254,7 @@ class MessageWidget(QFrame):
         if self.tint and self.role == "assistant" and final:
             line += " · tinted: text from accepted drafts"
         self.stats_label.setText(line)
+        self.stats_label.setVisible(bool(line))
         self._streaming = not final
         self.copy_button.setVisible(final)
         self.regen_button.setVisible(final and self._regen_wanted)

@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QSizePolicy,
+                               QWidget)
 
 from engine.paths import store_root
 from engine.store import Store
@@ -51,7 +52,8 @@ class ModelPicker(QWidget):
         self.combo = QComboBox(self)
         self.combo.setAccessibleName("Model")
         self.combo.setToolTip("The model this window chats with")
-        self.combo.setMinimumContentsLength(22)
+        self.combo.setMinimumContentsLength(12)
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.combo.activated.connect(self._on_activated)
         self.badge = QLabel("", self)
         self.badge.setObjectName("mtpBadge")
@@ -65,6 +67,8 @@ class ModelPicker(QWidget):
         self.status = QLabel("", self)
         self.status.setObjectName("muted")
         self.status.setAccessibleName("Model status")
+        # never widens the header: a narrow window shows less of it, not a clipped panel
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         lay.addWidget(self.combo)
         lay.addWidget(self.badge)
         lay.addWidget(self.progress)

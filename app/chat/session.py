@@ -30,6 +30,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.chat.conversations import Conversations
 from app.chat.markdown import THINK_CLOSE, THINK_OPEN, strip_think
+from app.chat.attachments import with_attachments
 from app.chat.settings import ChatSettings
 from app.loaded_model import LoadedModel
 from app.worker import GenerationRequest, Worker
@@ -189,23 +190,27 @@ class ChatSession(QObject):
         self.conversations_changed.emit()
         return conv_id
 
-    def send(self, conv_id: int, text: str) -> int | None:
-        """Append a user message and start its reply; returns the request id, or None when
-        the message could not be saved (``storage_failed`` says why)."""
+    def send(self, conv_id: int, text: str, attachments=()) -> int | None:
+        """Append a user message (with its ``attachments``) and start its reply; returns the
+        request id, or None when the message could not be saved (``storage_failed`` says why)."""
         def write() -> None:
             self.conversations.title_from(conv_id, text)
-            self.conversations.add_user_message(conv_id, text)
+            self.conversations.add_user_message(conv_id, text, attachments=attachments)
         return self._write_then_reply(conv_id, write)
 
     def regenerate(self, conv_id: int, msg_id: int) -> int | None:
-        """Replace assistant message ``msg_id`` (and anything after it) with a new reply."""
-        return self._write_then_reply(conv_id, lambda: self.conversations.truncate(conv_id, msg_id))
+        """A new version of assistant message ``msg_id``; the old one stays as a branch."""
+        return self._write_then_reply(
+            conv_id, lambda: self.conversations.new_version_of(conv_id, msg_id))
 
     def edit_and_resend(self, conv_id: int, msg_id: int, text: str) -> int | None:
-        """Replace user message ``msg_id`` by ``text``, drop every later message, reply again."""
+        """A new version of user message ``msg_id`` with ``text`` (its attachments kept), and a
+        reply to it; the old version and what followed it stay as a branch."""
         def write() -> None:
-            self.conversations.truncate(conv_id, msg_id)
-            self.conversations.add_user_message(conv_id, text)
+            old = self.conversations.new_version_of(conv_id, msg_id)
+            kept = self.conversations.attachments(conv_id).get(msg_id, []) if old else []
+            self.conversations.add_user_message(
+                conv_id, text, attachments=kept, parent_id=old.parent_id if old else None)
         return self._write_then_reply(conv_id, write)
 
     def _write_then_reply(self, conv_id: int, write) -> int | None:
@@ -229,15 +234,23 @@ class ChatSession(QObject):
                 self.worker.cancel(s.request_id)
         self.busy_changed.emit(self.busy)
 
-    def history(self, conv_id: int, settings: ChatSettings) -> list[dict]:
+    def history(self, conv_id: int, settings: ChatSettings, *, extra: tuple = ()) -> list[dict]:
+        """The prompt's messages: the system prompt, then the branch on screen from
+        ``context_from`` on (older turns dropped by the user are left out), attachments
+        inlined with their names; ``extra`` messages (not yet saved) are appended."""
         msgs = []
         if settings.system_prompt.strip():
             msgs.append({"role": "system", "content": settings.system_prompt})
+        start = self.conversations.context_from(conv_id) or 0
+        files = self.conversations.attachments(conv_id)
         for m in self.conversations.messages(conv_id):
+            if m.id < start:
+                continue
             content = strip_think(m.content) if m.role == "assistant" else m.content
             if m.role == "assistant" and not content.strip():
                 continue
-            msgs.append({"role": m.role, "content": content})
+            msgs.append({"role": m.role, "content": with_attachments(content, files.get(m.id, ()))})
+        msgs.extend(extra)
         return msgs
 
     def _start_reply(self, conv_id: int) -> int:

@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
+    QInputDialog,
     QLabel,
     QPlainTextEdit,
     QPushButton,
@@ -30,7 +32,8 @@ from app.chat.theme import THEME_MODES
 
 
 def _depth_label(d: int | str) -> str:
-    return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(d, f"{d} draft tokens")
+    return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(
+        d, f"{d} draft token" if d == 1 else f"{d} draft tokens")
 
 
 class SettingsForm(QWidget):
@@ -42,6 +45,7 @@ class SettingsForm(QWidget):
         super().__init__(parent)
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.system_prompt = QPlainTextEdit(self)
         self.system_prompt.setPlaceholderText("You are a helpful assistant.")
         self.system_prompt.setAccessibleName("System prompt")
@@ -123,27 +127,90 @@ class SettingsForm(QWidget):
 
 
 class ChatSettingsPanel(QWidget):
-    """Per-chat settings beside the conversation; ``settings_changed(ChatSettings)``."""
+    """Per-chat settings beside the conversation; ``settings_changed(ChatSettings)``.
+
+    System prompt presets: picking one puts its prompt into this chat's settings;
+    ``preset_saved(name, prompt)`` and ``preset_deleted(name)`` ask the window to store them
+    (it answers with ``set_presets``)."""
 
     settings_changed = Signal(object)
     reset_requested = Signal()
+    preset_saved = Signal(str, str)
+    preset_deleted = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Chat settings")
-        self.setMinimumWidth(260)
+        self.setMinimumWidth(230)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
         title = QLabel("<b>This chat</b>", self)
         lay.addWidget(title)
+        lay.addLayout(self._preset_row())
         self.form = SettingsForm(self)
         self.form.changed.connect(lambda: self.settings_changed.emit(self.form.settings()))
+        self.form.changed.connect(self.sync_preset)
         lay.addWidget(self.form)
         reset = QPushButton("Reset to defaults", self)
         reset.setAccessibleName("Reset chat settings to defaults")
         reset.clicked.connect(self.reset_requested)
         lay.addWidget(reset)
         lay.addStretch(1)
+
+
+    def _preset_row(self) -> QVBoxLayout:
+        row = QVBoxLayout()
+        self.presets: dict[str, str] = {}
+        self.preset = QComboBox(self)
+        self.preset.setAccessibleName("System prompt preset")
+        self.preset.setToolTip("Saved system prompts: pick one for this chat")
+        self.preset.activated.connect(self._on_preset_picked)
+        self.save_preset = QPushButton("Save as preset…", self)
+        self.save_preset.setAccessibleName("Save the system prompt as a preset")
+        self.save_preset.setToolTip("Save this chat's system prompt as a preset")
+        self.save_preset.clicked.connect(self._ask_preset_name)
+        self.delete_preset = QPushButton("Delete", self)
+        self.delete_preset.setAccessibleName("Delete the preset")
+        self.delete_preset.clicked.connect(
+            lambda: self.preset_deleted.emit(self.preset.currentData() or ""))
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Preset", self))
+        top.addWidget(self.preset, 1)
+        buttons = QHBoxLayout()
+        buttons.addStretch(1)
+        buttons.addWidget(self.save_preset)
+        buttons.addWidget(self.delete_preset)
+        row.addLayout(top)
+        row.addLayout(buttons)
+        self.set_presets([])
+        return row
+
+    def set_presets(self, presets: list[tuple[str, str]]) -> None:
+        self.presets = dict(presets)
+        self.preset.blockSignals(True)
+        self.preset.clear()
+        self.preset.addItem("Custom", None)
+        for name, _prompt in presets:
+            self.preset.addItem(name, name)
+        self.preset.blockSignals(False)
+        self.sync_preset()
+
+    def sync_preset(self) -> None:
+        """The combo names the preset whose prompt this chat uses ("Custom" for none)."""
+        prompt = self.form.system_prompt.toPlainText() if hasattr(self, "form") else ""
+        name = next((n for n, p in self.presets.items() if p == prompt and prompt), None)
+        self.preset.setCurrentIndex(max(0, self.preset.findData(name)) if name else 0)
+        self.delete_preset.setEnabled(name is not None)
+
+    def _on_preset_picked(self, index: int) -> None:
+        name = self.preset.itemData(index)
+        if name in self.presets:
+            self.form.system_prompt.setPlainText(self.presets[name])  # emits changed
+
+    def _ask_preset_name(self) -> None:
+        name, ok = QInputDialog.getText(self, "Save preset", "Preset name:")
+        if ok and name.strip():
+            self.preset_saved.emit(name.strip(), self.form.system_prompt.toPlainText())
 
 
 @dataclass(frozen=True)

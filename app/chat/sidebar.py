@@ -95,7 +95,7 @@ class Sidebar(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setMinimumWidth(200)
+        self.setMinimumWidth(170)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 4, 8)
         lay.setSpacing(6)
@@ -119,7 +119,15 @@ class Sidebar(QWidget):
         self.list.currentItemChanged.connect(self._on_current)
         self.list.setItemDelegate(ConversationDelegate(self.list))
         self.list.setUniformItemSizes(True)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         lay.addWidget(self.list, 1)
+        self.no_matches = QLabel("No matches", self)
+        self.no_matches.setObjectName("muted")
+        self.no_matches.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.no_matches.setWordWrap(True)
+        self.no_matches.setAccessibleName("Search result")
+        self.no_matches.hide()
+        lay.addWidget(self.no_matches)
         self._build_undo_bar(lay)
         self._building = False
         delete = QAction("Delete chat", self.list, shortcut=QKeySequence.StandardKey.Delete,
@@ -158,17 +166,27 @@ class Sidebar(QWidget):
         self.undo_bar.hide()
 
     def set_conversations(self, convs: list[Conversation], current: int | None,
-                          *, streaming: set[int] = frozenset()) -> None:
+                          *, streaming: set[int] = frozenset(),
+                          snippets: dict[int, str] | None = None) -> None:
+        """``snippets``: while searching, the matching text to show under each title."""
         self._building = True
+        searching = bool(self.search.text().strip())
+        self.no_matches.setText(f"No matches for “{self.search.text().strip()}”")
+        self.no_matches.setVisible(searching and not convs)
         try:
             self.list.clear()
             now = time.time()
             for c in convs:
                 when = relative_time(c.updated_at, now)
                 item = QListWidgetItem(c.title)
-                item.setData(SUBTITLE_ROLE, f"writing… · {when}" if c.id in streaming else when)
+                sub = f"writing… · {when}" if c.id in streaming else when
+                if snippets and c.id in snippets:
+                    sub = snippets[c.id]
+                    item.setToolTip(f"{c.title}\n{sub}")
+                item.setData(SUBTITLE_ROLE, sub)
                 item.setData(Qt.ItemDataRole.UserRole, c.id)
-                item.setToolTip(c.title)
+                if not item.toolTip():
+                    item.setToolTip(c.title)
                 self.list.addItem(item)
                 if c.id == current:
                     self.list.setCurrentItem(item)

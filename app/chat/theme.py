@@ -8,10 +8,13 @@ installed instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
+
+CHECK_MARK = Path(__file__).with_name("check.svg")
 
 THEME_MODES = ("system", "light", "dark")
 
@@ -101,11 +104,23 @@ def _light_palette() -> QPalette:
 
 
 def stylesheet(c: Colors) -> str:
-    """The chat widgets' style sheet (selectors are object names set by the widgets)."""
+    """The app's style sheet, installed on the ``QApplication`` so every top-level window
+    (chat, dashboard, model manager, dialogs) gets it: the chat widgets' colours (selectors are
+    object names set by the widgets) and check boxes that stay visible in the dark theme."""
+    check = CHECK_MARK.as_posix()
     return f"""
+    QCheckBox::indicator, QGroupBox::indicator {{ width: 14px; height: 14px; border-radius: 3px;
+        border: 1px solid {c.muted}; background: {"#17181a" if c.dark else "#ffffff"}; }}
+    QCheckBox::indicator:checked, QGroupBox::indicator:checked {{ background: {c.accent};
+        border-color: {c.accent}; image: url({check}); }}
+    QCheckBox::indicator:disabled {{ border-color: {c.border}; }}
+    QCheckBox::indicator:checked:disabled {{ background: {c.border}; }}
+    QFrame#chip {{ background: {c.code_header}; border: 1px solid {c.border}; border-radius: 9px; }}
+    QLabel#branchLabel {{ color: {c.muted}; }}
     QFrame#userBubble {{ background: {c.user_bubble}; border-radius: 12px; }}
     QFrame#assistantBubble {{ background: {c.assistant_bubble}; border: 1px solid {c.border};
         border-radius: 12px; }}
+    QFrame[match="true"] {{ border: 2px solid {c.accent}; }}
     QFrame#errorBubble {{ border: 1px solid {c.error}; border-radius: 12px; }}
     QFrame#codeBlock {{ background: {c.code_bg}; border: 1px solid {c.border}; border-radius: 8px; }}
     QWidget#codeHeader {{ background: {c.code_header}; border-top-left-radius: 8px;
@@ -121,3 +136,18 @@ def stylesheet(c: Colors) -> str:
     QLabel#mtpBadge {{ border: 1px solid {c.accent}; color: {c.accent}; border-radius: 8px;
         padding: 1px 6px; }}
     """
+
+
+def apply_app_style(app: QApplication | None = None) -> None:
+    """Install ``stylesheet(current_colors())`` app-wide and re-apply every widget's own style
+    sheet: Qt resolves ``palette(...)`` in a style sheet once, when it is set, so a window
+    styled that way (the dashboard's cards, the model manager's rows) would keep the old
+    theme's colours after a palette change."""
+    app = app or QApplication.instance()
+    app.setStyleSheet(stylesheet(current_colors()))
+    for top in app.topLevelWidgets():
+        for w in [top, *top.findChildren(QWidget)]:
+            own = w.styleSheet()
+            if own:
+                w.setStyleSheet("")
+                w.setStyleSheet(own)

@@ -39,11 +39,14 @@ from app.dashboard.charts import (
 )
 from engine import store
 from engine.stats import StatsAggregator, StatsSnapshot
-from engine.summary import ReplySummary, ReplyTally
-from engine.types import CycleStats, Event, ModelInfo, PrefillStats
+from app.dashboard.recorder import SessionRecord
+from app.window_state import fit_to_screen
+from engine.summary import ReplySummary
+from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SIZE = (1240, 760)  # fits a 1280×800 screen; the cards scroll below that
 REFRESH_MS = 300
 IDLE_REFRESH_MS = 2000
 PHASES = ("draft", "verify", "accept", "commit", "sync wait", "other")
@@ -122,19 +125,15 @@ class DashboardWindow(QWidget):
     tune_cancel_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None, *,
-                 aggregator: StatsAggregator | None = None) -> None:
+                 aggregator: StatsAggregator | None = None,
+                 record: SessionRecord | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("MTP Chat — Speculative decoding dashboard")
         self.setStyleSheet(CARD_STYLE)
-        self.resize(1360, 940)
-        self.aggregator = aggregator or StatsAggregator()
+        self.record = record or SessionRecord(aggregator)
         self.info: ModelInfo | None = None
         self.tuner: dict | None = None
         self.last_snapshot: StatsSnapshot | None = None
-        self.last_summary: ReplySummary | None = None
-        self._live: ReplyTally | None = None  # the reply streaming now
-        self._finished = (0, 0)  # (replies, tokens) of the session's finished replies
-        self.request_id: int | None = None
         self.refreshes = 0
         self._dirty = True
         self._tuning = False
@@ -144,6 +143,20 @@ class DashboardWindow(QWidget):
         self._timer.timeout.connect(self._tick)
         self._idle_ticks = 0
         self._timer.start()
+        fit_to_screen(self, DEFAULT_SIZE)
+
+    # -- the session's figures (kept by ``self.record``) -------------------------------------
+    @property
+    def aggregator(self) -> StatsAggregator:
+        return self.record.aggregator
+
+    @property
+    def last_summary(self) -> ReplySummary | None:
+        return self.record.last_summary
+
+    @property
+    def request_id(self) -> int | None:
+        return self.record.request_id
 
     # -- layout ----------------------------------------------------------------------------
     def _build(self) -> None:
@@ -153,7 +166,7 @@ class DashboardWindow(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setMinimumWidth(1000)  # below that the cards get cramped; vertical scroll only
+        self.setMinimumWidth(960)  # below that the cards get cramped; vertical scroll only
         content = QWidget()
         content.setObjectName("content")
         scroll.setWidget(content)
@@ -282,37 +295,18 @@ class DashboardWindow(QWidget):
     @Slot(int, object)
     def on_stats(self, request_id: int, obj: object) -> None:
         """Cheap: record and mark dirty; the timer repaints."""
-        try:
-            if isinstance(obj, CycleStats):
-                self.aggregator.add_cycle(obj)  # (a request without a prefill starts here)
-                event = Event(token_ids=obj.emitted, stats=obj)
-            elif isinstance(obj, PrefillStats):
-                self.aggregator.add_prefill(obj)
-                event = Event(token_ids=(), prefill=obj)
-            else:
-                return
-            if self._live is None or request_id != self.request_id:
-                self._live = ReplyTally()
-            self._live.add(event)
-            self.request_id = request_id
-        except Exception:  # stats must never break the app
-            log.exception("bad stats object %r", type(obj))
-            return
-        self._dirty = True
+        if self.record.add_stats(request_id, obj):
+            self._dirty = True
 
     @Slot(int, str, object)
     def on_finished(self, request_id: int, reason: str, summary: ReplySummary) -> None:
-        self.aggregator.finish(reason)
-        self.last_summary = summary
-        self._live = None
-        replies, tokens = self._finished
-        self._finished = (replies + 1, tokens + summary.tokens)
+        self.record.finish(reason, summary)
         self._dirty = True
 
     def reply_summary(self) -> ReplySummary | None:
         """The reply the header and "At a glance" describe: the one streaming (as folded so
         far; its first token arrives with the final summary), else the last one."""
-        return self._live.summary() if self._live is not None else self.last_summary
+        return self.record.reply_summary()
 
     @Slot(int, int, str)
     def on_tune_progress(self, done: int, total: int, message: str) -> None:
@@ -348,9 +342,7 @@ class DashboardWindow(QWidget):
         self._show_tuner()
 
     def clear(self) -> None:
-        self.aggregator = StatsAggregator(self.aggregator.window_s)
-        self.last_summary = self._live = None
-        self._finished = (0, 0)
+        self.record.clear()
         self._dirty = True
         self.refresh()
 
@@ -364,6 +356,7 @@ class DashboardWindow(QWidget):
 
     def _set_tuning(self, on: bool) -> None:
         self._tuning = on
+        self._dirty = True
         self.tune_button.setText("Cancel tuning" if on else "Run tuner")
 
     def _tick(self) -> None:
@@ -389,16 +382,16 @@ class DashboardWindow(QWidget):
 
     def _show_speed(self, s: StatsSnapshot) -> None:
         live = s.active
-        self.status.setText("generating" if live else "idle")
-        self.status.setStyleSheet(f"background: {(GREEN if live else GREY).name()};")
+        state = "generating" if live else "tuning" if self._tuning else "idle"
+        self.status.setText(state)
+        self.status.setStyleSheet(
+            f"background: {(GREEN if live else AMBER if self._tuning else GREY).name()};")
         caption = f"5-min average {s.tps_window:.1f}" if s.tps_window else "no recent decoding"
         self.gauge.set_value(s.tps_instant, caption=caption, dim=not live)
         self.gauge_sub.setText("live" if live else "last reply")
         self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
                                reference=("5-min average", s.tps_window) if s.tps_window else None)
-        replies, tokens = self._finished
-        if self._live is not None:
-            replies, tokens = replies + 1, tokens + len(self._live.token_ids)
+        replies, tokens = self.record.totals()
         self.series_sub.setText(f"{tokens} tokens in {replies} "
                                 f"{'reply' if replies == 1 else 'replies'}")
         if not live and self.last_summary is not None:

@@ -157,7 +157,7 @@ def test_reply_is_flushed_while_streaming(qtbot, tmp_path):
     w.close()
 
 
-def test_regenerate_replaces_the_last_reply(qtbot, win, fake):
+def test_regenerate_shows_a_new_version_of_the_last_reply(qtbot, win, fake):
     send(qtbot, win, "first")
     old = _assistant(win)[0]
     fake.script = "A different answer."
@@ -170,7 +170,7 @@ def test_regenerate_replaces_the_last_reply(qtbot, win, fake):
     assert msgs[1].id != old.id and msgs[1].content == "A different answer."
 
 
-def test_edit_and_resend_replaces_later_messages_after_confirmation(qtbot, win, fake):
+def test_edit_and_resend_starts_a_new_version_keeping_the_old_one(qtbot, win, fake):
     send(qtbot, win, "question one")
     send(qtbot, win, "question two")
     first_user = win.store.messages(win.current_conv)[0]
@@ -180,16 +180,14 @@ def test_edit_and_resend_replaces_later_messages_after_confirmation(qtbot, win, 
     assert win.composer.editing_msg_id == first_user.id
     assert win.composer.text == "question one"
     win.composer.edit.setPlainText("question one, edited")
-    win.composer.button.click()
-    assert asked and "3 message(s)" in asked[0]
-    assert len(win.store.messages(win.current_conv)) == 4  # declined: nothing changed
-    win.confirm = lambda title, text: True
     fake.script = "Edited answer."
     win.composer.button.click()
     qtbot.waitUntil(lambda: not win.session.streams, timeout=5000)
+    assert not asked  # nothing is lost, so nothing to confirm
     msgs = win.store.messages(win.current_conv)
     assert [(m.role, m.content) for m in msgs] == [("user", "question one, edited"),
                                                    ("assistant", "Edited answer.")]
+    assert len(win.store.all_messages(win.current_conv)) == 6  # the old branch is kept
     assert win.composer.editing_msg_id is None
     # what the model saw: only the edited message
     assert fake.calls[-1]["prompt_ids"] == win.worker._model.chat_ids(
@@ -447,8 +445,9 @@ def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypa
     monkeypatch.setattr(dash, "on_tune_progress", lambda d, t, m: seen.append(("dash", d, t, m)))
     monkeypatch.setattr(models, "on_tune_progress", lambda d, t, m: seen.append(("models", d, t, m)))
     models.tune_requested.emit("")
-    qtbot.waitUntil(lambda: len(seen) == 4, timeout=5000)
+    qtbot.waitUntil(lambda: len([e for e in seen if e[2]]) == 4, timeout=5000)
     assert ("dash", 2, 2, "depth 1") in seen and ("models", 2, 2, "depth 1") in seen
+    assert seen[0] == ("dash", 0, 0, "Starting…")  # shown running from the first moment
     qtbot.waitUntil(lambda: models.tune_status.text().startswith("Tuning done"), timeout=5000)
     monkeypatch.undo()
     models.on_tune_progress(2, 2, "depth 1")
@@ -500,6 +499,7 @@ def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
     from types import SimpleNamespace
 
     from app.chat.main_window import DEMO_EXAMPLES, _examples_for
+    from app.chat.markdown import plain_inline
     from app.paths import default_model_path
 
     assert win.view.example_buttons == []  # the (fake) loaded model is not the demo
@@ -507,7 +507,7 @@ def test_demo_model_offers_example_prompts(qtbot, win, tmp_path):
     intro, prompts = _examples_for(SimpleNamespace(path=str(default_model_path())))
     assert "standard-library" in intro and prompts == list(DEMO_EXAMPLES)
     win.view.set_examples(intro, prompts)
-    assert [b.text() for b in win.view.example_buttons] == list(DEMO_EXAMPLES)
+    assert [b.text() for b in win.view.example_buttons] == [plain_inline(p) for p in DEMO_EXAMPLES]
     assert win.view.empty_label.isVisibleTo(win.view)
     win.view.example_buttons[0].click()  # sends it, like typing it and pressing Send
     qtbot.waitUntil(lambda: not win.session.streams, timeout=10000)

@@ -111,7 +111,7 @@ def test_a_data_folder_that_cannot_be_created(tmp_path):
 
 
 def test_a_read_only_location_shows_the_chats_without_saving(tmp_path):
-    with tmpfs(tmp_path / "mnt", "256k") as mnt:
+    with tmpfs(tmp_path / "mnt", "512k") as mnt:  # schema 2: more tables and indexes
         path = mnt / "chats.sqlite3"
         texts = _filled(path, n=5)
         remount(mnt, "ro")

@@ -113,7 +113,7 @@ def test_chat_and_server_requests_interleave_and_both_complete(qtbot, window):
     qtbot.waitUntil(lambda: c.requests == 0, timeout=5000)
     assert status_text(w).endswith("· 0 requests")
     # the dashboard saw the server's replies too (their cycles and their ends)
-    assert dash._finished[0] == 3
+    assert dash.record.finished[0] == 3
 
 
 def test_cancelled_server_stream_frees_the_model_for_the_chat(qtbot, window):

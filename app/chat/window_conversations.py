@@ -1,0 +1,140 @@
+"""The chat window's conversation actions (a mixin of ``MainWindow``): open, list, search,
+rename, delete with undo, export, copy. Plain logic stays in ``Conversations``; this shows it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QStandardPaths, Qt, Slot
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+
+
+class ConversationActions:
+    """Needs the window's ``conversations``, ``session``, ``sidebar``, ``view``, ``composer``,
+    ``settings_panel`` and ``statusBar()``."""
+
+
+    @Slot()
+    def refresh_sidebar(self) -> None:
+        if self._closed:  # a late search or timer signal after the database was closed
+            return
+        text = self.sidebar.search.text()
+        convs = self.conversations.listing(text)
+        self.search_matches = self.conversations.search_matches(text)
+        self.sidebar.set_conversations(
+            convs, self.current_conv, streaming=self.session.streaming_conversations(),
+            snippets={c: snip for c, (_m, snip) in self.search_matches.items()})
+
+    @Slot(int)
+    def open_conversation(self, conv_id: int) -> None:
+        if conv_id != self.current_conv:
+            self.composer.cancel_edit()
+        self.conversations.current = conv_id
+        self._reload_view()
+        self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
+        self.settings_panel.sync_preset()
+        self.sync_thinking()
+        self.composer.set_attachments([])
+        self.refresh_sidebar()
+        self._sync_composer()
+        match = self.search_matches.get(conv_id)
+        if match is not None:
+            self.view.show_match(match[0])
+
+    def _reload_view(self) -> None:
+        conv = self.current_conv
+        if conv is None:
+            self.view.show_conversation(None, [])
+            return
+        self.view.show_conversation(conv, self.conversations.messages(conv),
+                                    self.session.live_messages(conv),
+                                    branches=self.conversations.branches(conv),
+                                    attachments=self.conversations.attachments(conv))
+        self.view.update_actions(busy=self.session.busy)
+
+    def new_chat(self) -> None:
+        if not self.conversations.is_empty(self.current_conv):
+            self.open_conversation(self.session.new_conversation())
+        self.composer.edit.setFocus()
+
+    def ask_rename(self, conv_id: int) -> None:
+        conv = self.conversations.get(conv_id)
+        if conv is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
+        if ok and title.strip():
+            self.rename_conversation(conv_id, title.strip())
+
+    def rename_conversation(self, conv_id: int, title: str) -> None:
+        self.conversations.rename(conv_id, title)
+        self.refresh_sidebar()
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Soft-delete with an undo bar; an earlier undoable deletion becomes final."""
+        self.session.stop_conversation(conv_id)
+        conv = self.conversations.delete(conv_id)
+        if conv is None:
+            return
+        self.sidebar.show_undo(conv.title)
+        if self.current_conv is None:
+            self.open_conversation(self.conversations.next_after_delete())
+        else:
+            self.refresh_sidebar()
+
+    def undo_delete(self) -> None:
+        cid = self.conversations.undo_delete()
+        if cid is not None:
+            self.sidebar.hide_undo()
+            self.open_conversation(cid)
+
+    def export_folder(self) -> Path:
+        """Where the export dialog opens: the folder last exported to, else Documents."""
+        last = self.conversations.store.get_setting("export_folder")
+        if isinstance(last, str) and Path(last).is_dir():
+            return Path(last)
+        docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+        return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
+    def ask_export(self, conv_id: int, fmt: str) -> None:
+        name = str(self.export_folder() / self.conversations.export_name(conv_id, fmt))
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
+                                              if fmt == "md" else "JSON (*.json)")
+        if path:
+            self.export_conversation(conv_id, fmt, path)
+
+    def export_conversation(self, conv_id: int, fmt: str, path: str | Path) -> Path | None:
+        """Write the export; a failure (missing folder, no permission, full disk) is shown in
+        a dialog and returns None."""
+        try:
+            out = self.conversations.export(conv_id, fmt, path)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            self.show_error("Export failed", f"The chat could not be exported to {path}: {why}.")
+            return None
+        self.conversations.store.set_setting("export_folder", str(out.resolve().parent))
+        self.statusBar().showMessage(f"Exported to {out}", 5000)
+        return out
+
+    def show_error(self, title: str, text: str) -> QMessageBox:
+        """A non-blocking warning dialog (``objectName`` "errorDialog"; tests find it)."""
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
+        box.setObjectName("errorDialog")
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        return box
+
+    def _export_current(self, fmt: str) -> None:
+        if self.current_conv is not None:
+            self.ask_export(self.current_conv, fmt)
+
+    def copy_chat(self) -> None:
+        """The whole open chat, as Markdown, to the clipboard."""
+        if self.conversations.get(self.current_conv) is None:
+            return
+        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current_conv, "md"))
+        self.statusBar().showMessage("Chat copied as Markdown", 3000)
+
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
