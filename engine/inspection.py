@@ -166,7 +166,11 @@ def inspect_local(path: str | Path) -> dict:
     tensors: dict = {}
     problems: list[ModelLoadError] = []
     try:
-        shards = checkpoint.shard_files(path)
+        cfg = checkpoint.with_runtime(path, parse_config(config))
+    except ModelLoadError:
+        cfg = None  # blockers() reports why
+    try:
+        shards = checkpoint.shard_files(path, cfg)
     except ModelLoadError as exc:
         problems.append(exc)
         shards = []
