@@ -61,8 +61,20 @@ def check_build(ckpt: Checkpoint) -> None:
     build(ckpt.config, weights)
 
 
+MTP_ALIASES = ("model.language_model.mtp.", "language_model.mtp.", "model.mtp.")
+
+
+def mtp_key(name: str) -> str:
+    """``language_model.mtp.fc.weight`` (mlx-lm's MTP conversions) -> ``mtp.fc.weight``."""
+    for alias in MTP_ALIASES:
+        if name.startswith(alias):
+            return "mtp." + name[len(alias):]
+    return name
+
+
 def _build(cfg: ModelConfig, weights: dict) -> Built:
     raw_layout = is_raw_hf_layout(weights)
+    weights = {mtp_key(k): v for k, v in weights.items()}
     mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
     trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
     trunk = _build_trunk(cfg)
@@ -106,11 +118,24 @@ def _build_mtp(cfg: ModelConfig, mtp_raw: dict, raw_layout: bool):
             raise ModelLoadError("The mtp.* tensors have no numbered layers (mtp.layers.N).")
         n_mtp = 1 + max(int(i) for i in layer_ids)
     mtp = MTPHead(args, num_layers=n_mtp)
-    mtp_w = sanitize_mtp(mtp_raw, shift_norms=raw_layout)
-    if cfg.quantization:
-        _quantize(mtp, {f"mtp.{k}": v for k, v in mtp_w.items()}, cfg.quantization, "mtp.")
+    # MTPLX packs keep Qwen's zero-centred MTP norms beside an MLX trunk: the pack says so.
+    shift = raw_layout if cfg.mtp_norms is None else cfg.mtp_norms == "zero-centred"
+    mtp_w = sanitize_mtp(mtp_raw, shift_norms=shift)
+    quant = _mtp_quant(cfg)
+    if quant:
+        _quantize(mtp, {f"mtp.{k}": v for k, v in mtp_w.items()}, quant, "mtp.")
     _apply(mtp, mtp_w, "MTP head")
     return mtp, n_mtp
+
+
+def _mtp_quant(cfg: ModelConfig) -> dict | None:
+    """The MTP head's packing: its own record (MTPLX), else the model's, with per-layer
+    overrides named under any MTP alias (``language_model.mtp.fc`` -> ``mtp.fc``)."""
+    base = cfg.mtp_quantization or cfg.quantization
+    if not base:
+        return None
+    per = {mtp_key(k): v for k, v in (cfg.quantization or {}).items() if isinstance(v, dict)}
+    return {**per, "bits": base["bits"], "group_size": base.get("group_size", 64)}
 
 
 def _quantize(module, weights: dict, quant: dict, prefix: str = "") -> None:

@@ -7,7 +7,12 @@ disk space of the model store:
 - ``recommended``: needs at most 60% of memory and fits on disk;
 - ``tight fit``: needs at most 80% of memory (close other apps);
 - ``not enough memory``: needs more than that;
-- ``not enough disk``: fits in memory but the download (plus conversion output) does not fit.
+- ``not enough disk``: fits in memory but the download (plus conversion output) does not fit;
+- ``too slow``: fits, but this machine would decode it below ``TOO_SLOW_TOK_S``. Speed is
+  estimated from the machine's measured memory bandwidth (``engine.sysinfo.machine_figures``):
+  a decode step reads every active weight once, so tok/s ~ bandwidth x efficiency / bytes.
+  A 9B bf16 model on a 2-core CPU (~10 GB/s) is about 0.4 tok/s: too slow, not recommended.
+  Verdicts judge memory only when a caller injects the memory size without machine figures.
 
 Sizes in the catalog are estimates computed from the published parameter counts (the catalog
 says so per entry); ``python -m engine inspect REPO`` reads the real numbers from the Hub.
@@ -26,7 +31,9 @@ RECOMMENDED_FRACTION = 0.60
 TIGHT_FRACTION = 0.80
 DISK_MARGIN = 1.02  # keep 2% headroom on disk
 QUANTS = ("bf16", "8bit", "4bit")
-VERDICTS = ("recommended", "tight fit", "not enough memory", "not enough disk")
+VERDICTS = ("recommended", "tight fit", "too slow", "not enough memory", "not enough disk")
+TOO_SLOW_TOK_S = 3.0
+BANDWIDTH_EFFICIENCY = 0.7  # decode reaches about this share of the measured bandwidth
 
 
 def catalog_path() -> Path:
@@ -57,7 +64,9 @@ def free_disk(path: str | Path) -> int:
     return int(shutil.disk_usage(p).free)
 
 
-def memory_verdict(memory_bytes: int, *, total_memory: int | None = None) -> dict:
+def memory_verdict(memory_bytes: int, *, total_memory: int | None = None,
+                   active_bytes: int = 0, machine: dict | None = None) -> dict:
+    """Memory verdict; with ``machine`` figures and ``active_bytes``, also "too slow"."""
     total = total_memory if total_memory is not None else globals()["total_memory"]()
     frac = memory_bytes / total if total else float("inf")
     if frac <= RECOMMENDED_FRACTION:
@@ -66,18 +75,39 @@ def memory_verdict(memory_bytes: int, *, total_memory: int | None = None) -> dic
         verdict = "tight fit"
     else:
         verdict = "not enough memory"
+    verdict, tok_s = speed_verdict(verdict, active_bytes, machine)
     return {"verdict": verdict, "memory_needed_bytes": int(memory_bytes),
-            "total_memory_bytes": int(total), "fraction_of_memory": round(frac, 3)}
+            "total_memory_bytes": int(total), "fraction_of_memory": round(frac, 3),
+            "estimated_tok_s": round(tok_s, 1) if tok_s is not None else None}
 
 
-def verdict(*, memory_bytes: int, disk_bytes: int, total_mem: int, free: int) -> str:
+def estimated_tok_s(active_bytes: int, machine: dict | None) -> float | None:
+    """Decode tokens per second this machine would reach reading ``active_bytes`` per token."""
+    bw = (machine or {}).get("bandwidth_bytes_per_s")
+    if not bw or not active_bytes:
+        return None
+    return float(bw) * BANDWIDTH_EFFICIENCY / active_bytes
+
+
+def speed_verdict(base: str, active_bytes: int, machine: dict | None) -> tuple[str, float | None]:
+    """``base`` (a memory verdict), or "too slow" when it fits but would crawl here."""
+    tok_s = estimated_tok_s(active_bytes, machine)
+    if base in ("recommended", "tight fit") and tok_s is not None and tok_s < TOO_SLOW_TOK_S:
+        return "too slow", tok_s
+    return base, tok_s
+
+
+def verdict(*, memory_bytes: int, disk_bytes: int, total_mem: int, free: int,
+            active_bytes: int = 0, machine: dict | None = None) -> str:
     v = memory_verdict(memory_bytes, total_memory=total_mem)["verdict"]
+    v = speed_verdict(v, active_bytes, machine)[0]
     if v != "not enough memory" and disk_bytes * DISK_MARGIN > free:
         return "not enough disk"
     return v
 
 
-_RANK = {"recommended": 0, "tight fit": 1, "not enough disk": 2, "not enough memory": 3}
+_RANK = {"recommended": 0, "tight fit": 1, "too slow": 2, "not enough disk": 3,
+         "not enough memory": 4}
 
 
 def _choice_key(o: dict) -> tuple[int, int]:
@@ -86,7 +116,18 @@ def _choice_key(o: dict) -> tuple[int, int]:
     return _RANK[o["verdict"]], q if _RANK[o["verdict"]] < 2 else -q
 
 
-def evaluate(entry: dict, *, total_mem: int, free: int) -> dict:
+def active_fraction(entry: dict) -> float:
+    """Share of the weights a MoE reads per token ("35B-A3B": 3 / 35.9); 1 for dense models."""
+    import re
+
+    if not entry.get("moe"):
+        return 1.0
+    m = re.search(r"-A([0-9.]+)B", str(entry.get("repo_id", "")))
+    total = float(entry.get("parameters_b") or 0)
+    return min(1.0, float(m.group(1)) / total) if m and total else 1.0
+
+
+def evaluate(entry: dict, *, total_mem: int, free: int, machine: dict | None = None) -> dict:
     """An entry with a verdict per quantization and the best choice for this machine."""
     options = []
     for q in QUANTS:
@@ -94,9 +135,13 @@ def evaluate(entry: dict, *, total_mem: int, free: int) -> dict:
         if not spec:
             continue
         disk = int(spec["download_bytes"]) + int(spec.get("converted_bytes", 0))
+        weights = int(spec.get("converted_bytes") or spec["download_bytes"])
+        active = int(weights * active_fraction(entry))
         v = verdict(memory_bytes=int(spec["memory_bytes"]), disk_bytes=disk,
-                    total_mem=total_mem, free=free)
-        options.append({"quantization": q, "verdict": v, "disk_needed_bytes": disk, **spec})
+                    total_mem=total_mem, free=free, active_bytes=active, machine=machine)
+        tok_s = estimated_tok_s(active, machine)
+        options.append({"quantization": q, "verdict": v, "disk_needed_bytes": disk,
+                        "estimated_tok_s": round(tok_s, 1) if tok_s else None, **spec})
     best = min(options, key=_choice_key, default=None)
     return {**entry, "options": options,
             "verdict": best["verdict"] if best else "unknown",
@@ -111,21 +156,37 @@ def _pull_command(entry: dict, best: dict | None) -> str:
     return cmd
 
 
+def figures_for(total_mem: int | None, machine: dict | None) -> dict | None:
+    """The machine figures to judge speed by: given ones, else measured (cached) — unless the
+    caller injected a memory size alone (then verdicts judge memory only)."""
+    if machine is not None or total_mem is not None:
+        return machine
+    from engine.sysinfo import machine_figures
+
+    return machine_figures()
+
+
 def catalog_for_machine(*, store_root: str | Path | None = None,
                         total_mem: int | None = None,
                         free_fn: Callable[[Path], int] | None = None,
-                        path: str | Path | None = None) -> dict:
-    """The catalog with verdicts for this machine (memory from psutil, disk at the store)."""
+                        path: str | Path | None = None, machine: dict | None = None) -> dict:
+    """The catalog with verdicts for this machine (memory from psutil, disk at the store,
+    speed from the machine's measured bandwidth)."""
     from engine.paths import store_root as default_store
+    from engine.sysinfo import platform_name
 
     root = Path(store_root) if store_root is not None else default_store()
     data = load_catalog(path)
+    figures = figures_for(total_mem, machine)
     mem = total_mem if total_mem is not None else total_memory()
     free = (free_fn or free_disk)(root)
     return {
-        "machine": {"total_memory_bytes": mem, "free_disk_bytes": free, "store": str(root)},
+        "machine": {"total_memory_bytes": mem, "free_disk_bytes": free, "store": str(root),
+                    "name": (figures or {}).get("name") or platform_name(),
+                    "bandwidth_bytes_per_s": (figures or {}).get("bandwidth_bytes_per_s")},
         "notes": data.get("notes", []),
-        "models": [evaluate(e, total_mem=mem, free=free) for e in data["models"]],
+        "models": [evaluate(e, total_mem=mem, free=free, machine=figures)
+                   for e in data["models"]],
         "without_mtp": data.get("without_mtp", []),
     }
 

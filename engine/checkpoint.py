@@ -39,7 +39,10 @@ TYPE_FAMILY = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 VISION_PREFIXES = ("model.visual.", "visual.", "vision_tower.", "model.vision_tower.")
-MTP_PREFIXES = ("mtp.", "language_model.mtp.", "model.mtp.")
+MTP_PREFIXES = ("mtp.", "language_model.mtp.", "model.mtp.", "model.language_model.mtp.")
+# MTPLX packs keep the MTP head in a file beside the trunk, not named by the index.
+MTP_SIDECARS = ("mtp.safetensors", "mtp/weights.safetensors", "model-mtp.safetensors")
+RUNTIME_FILE = "mtplx_runtime.json"
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 QUANT_GROUPS = (32, 64, 128)
 MAX_JSON_BYTES = 64 * 2**20     # config, index, generation config
@@ -115,10 +118,20 @@ class ModelConfig:
     family: str  # "qwen3_5" | "qwen3_5_moe"
     architecture: str
     quantization: dict | None
+    # "zero-centred" (raw HF deltas: add 1), "shifted" (already 1 + w), or None: like the trunk.
+    mtp_norms: str | None = None
+    mtp_quantization: dict | None = None  # the MTP head's own packing, when it differs
 
     @property
     def mtp_layers(self) -> int:
         return int(self.text.get("mtp_num_hidden_layers") or 0)
+
+    @property
+    def mtp_sidecar(self) -> str | None:
+        """The MTP file an MTPLX pack declares (``mlx_lm_extra_tensors.mtp_file``)."""
+        extra = self.raw.get("mlx_lm_extra_tensors")
+        name = extra.get("mtp_file") if isinstance(extra, dict) else None
+        return name if isinstance(name, str) and name else None
 
 
 def read_config(folder: Path) -> ModelConfig:
@@ -136,7 +149,47 @@ def parse_config(raw: dict) -> ModelConfig:
     quantization = _quantization(raw)
     _check_ints(text)
     return ModelConfig(raw=raw, text=text, family=family, architecture=arch or family,
-                       quantization=quantization)
+                       quantization=quantization, mtp_norms=_mtp_norms(raw),
+                       mtp_quantization=_mtp_quantization(raw))
+
+
+def norm_encoding(value: object) -> str | None:
+    """A declared MTP norm encoding ("raw_hf_delta", "mlx_multiplier", ...) in this file's terms."""
+    v = str(value or "").strip().lower()
+    if not v:
+        return None
+    if any(w in v for w in ("delta", "zero", "raw", "hf")):
+        return "zero-centred"
+    if any(w in v for w in ("multiplier", "absolute", "shift", "mlx")):
+        return "shifted"
+    raise ModelLoadError(f"config.json is malformed: unknown MTP norm encoding {v[:40]!r}.")
+
+
+def _mtp_norms(raw: dict) -> str | None:
+    """MTPLX packs byte-copy Qwen's MTP head, so its norms stay zero-centred unless declared."""
+    quant = raw.get("mtplx_mtp_quantization")
+    quant = quant if isinstance(quant, dict) else {}
+    for v in (raw.get("mtplx_mtp_norm_encoding"), raw.get("mtp_norm_encoding"),
+              quant.get("norm_encoding"), quant.get("norm_weight_encoding")):
+        if v is not None:
+            return norm_encoding(v)
+    if "mlx_lm_extra_tensors" in raw or "mtplx_mtp_quantization" in raw:
+        return "zero-centred"
+    return None
+
+
+def _mtp_quantization(raw: dict) -> dict | None:
+    q = raw.get("mtplx_mtp_quantization")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise ModelLoadError("config.json is malformed: 'mtplx_mtp_quantization' is not an "
+                             "object.")
+    if "bits" not in q and not q.get("prequantized"):
+        return None
+    packed = {"bits": q.get("bits", 4), "group_size": q.get("group_size", 64)}
+    _check_quant(packed, "mtplx_mtp_quantization")
+    return packed
 
 
 def _family(raw: dict, text: dict) -> tuple[str, str]:
@@ -294,8 +347,22 @@ def read_header(path: str | Path) -> dict[str, TensorMeta]:
     return tensors
 
 
-def shard_files(folder: Path) -> list[Path]:
-    """The weight files: those the index names (inside the folder), else ``*.safetensors``."""
+def shard_files(folder: Path, config: ModelConfig | None = None) -> list[Path]:
+    """The weight files: those the index names (inside the folder), else ``*.safetensors``;
+    plus an MTP sidecar (MTPLX's ``mtp.safetensors``) the index does not name."""
+    files = _indexed_or_globbed(folder)
+    names = [config.mtp_sidecar] if config is not None and config.mtp_sidecar else []
+    for rel in names + list(MTP_SIDECARS):
+        path = folder / rel
+        if (path.exists() or path.is_symlink()) and path not in files:
+            files.append(inside(folder, rel, what="the MTP sidecar"))
+        elif rel in names and not path.exists():
+            raise ModelLoadError(f"config.json names the MTP file {rel!r}, which is missing. "
+                                 "Re-download the model.")
+    return files
+
+
+def _indexed_or_globbed(folder: Path) -> list[Path]:
     if (folder / INDEX_FILE).exists() or (folder / INDEX_FILE).is_symlink():
         wm = read_json(folder / INDEX_FILE, INDEX_FILE).get("weight_map")
         if not isinstance(wm, dict) or not wm:
@@ -359,7 +426,8 @@ def read_checkpoint(folder: str | Path) -> Checkpoint:
     """Validate a local model folder's config and every shard header (weights are not read)."""
     folder = Path(folder)
     config = read_config(folder)
-    shards = shard_files(folder)
+    config = with_runtime(folder, config)
+    shards = shard_files(folder, config)
     tensors: dict[str, TensorMeta] = {}
     total = 0
     for path in shards:
@@ -367,6 +435,17 @@ def read_checkpoint(folder: str | Path) -> Checkpoint:
         total += path.stat().st_size
     return Checkpoint(config=config, tensors=tensors, shards=tuple(shards), total_bytes=total,
                       folder=folder)
+
+
+def with_runtime(folder: Path, config: ModelConfig) -> ModelConfig:
+    """An MTPLX ``mtplx_runtime.json`` may declare the MTP norm layout; it wins when present."""
+    path = folder / RUNTIME_FILE
+    if not path.is_file():
+        return config
+    declared = norm_encoding(read_json(path, RUNTIME_FILE).get("mtp_norm_layout"))
+    from dataclasses import replace
+
+    return replace(config, mtp_norms=declared or config.mtp_norms or "zero-centred")
 
 
 def is_vision(name: str) -> bool:

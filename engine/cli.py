@@ -17,13 +17,14 @@ import logging
 import sys
 
 from engine.commands import (bench, catalog, convert, generate, info, inspect, list_models, pull,
-                             rm, serve, train_demo, tune)
+                             rm, search, serve, train_demo, tune)
 
 log = logging.getLogger(__name__)
 
 VERBS = {
     "info": info, "generate": generate, "bench": bench, "tune": tune, "inspect": inspect,
     "convert": convert, "pull": pull, "list": list_models, "rm": rm, "catalog": catalog,
+    "search": search,
     "train-demo": train_demo, "serve": serve,
 }
 USAGE_ERROR = 2

@@ -132,7 +132,8 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
         "weight_bytes": weight_bytes, "quantization": quant, "has_mtp": has_mtp,
         "mtp_layers": _int(text, "mtp_num_hidden_layers") if has_mtp else 0,
         "memory_needed_bytes": mem, "supported": supported, "can_speculate": supported and has_mtp,
-        "reasons": reasons, "fix": fix, "machine": machine_verdict(mem),
+        "reasons": reasons, "fix": fix,
+        "machine": machine_verdict(mem, active_bytes=active_bytes(tensors, text, weight_bytes)),
     }
 
 
@@ -144,11 +145,28 @@ def _official_repo_guess(repo_id: str | None, config: dict) -> str:
     return f"Qwen/{m.group(1)}" if m else "Qwen/Qwen3.5-<size>"
 
 
-def machine_verdict(memory_bytes: int, *, total_memory: int | None = None) -> dict:
-    """Does ``memory_bytes`` fit this machine's memory? (See engine.catalog for thresholds.)"""
-    from engine.catalog import memory_verdict
+def machine_verdict(memory_bytes: int, *, total_memory: int | None = None,
+                    active_bytes: int = 0, machine: dict | None = None) -> dict:
+    """Does it fit this machine's memory, and would it decode fast enough here? (Thresholds in
+    engine.catalog; speed from the measured bandwidth unless memory alone was injected.)"""
+    from engine.catalog import figures_for, memory_verdict
 
-    return memory_verdict(memory_bytes, total_memory=total_memory)
+    return memory_verdict(memory_bytes, total_memory=total_memory, active_bytes=active_bytes,
+                          machine=figures_for(total_memory, machine))
+
+
+def active_bytes(tensors: dict | None, text: dict, weight_bytes: int) -> int:
+    """Bytes a decode step reads: every text weight, MoE experts scaled by top-k / experts."""
+    experts, k = _int(text, "num_experts"), _int(text, "num_experts_per_tok")
+    if not tensors or not experts or not k:
+        return weight_bytes
+    total = 0.0
+    for name, meta in tensors.items():
+        if checkpoint.is_vision(name):
+            continue
+        n = checkpoint.numel(meta["shape"]) * checkpoint.DTYPE_BYTES.get(meta["dtype"], 2)
+        total += n * k / experts if (".experts." in name or ".switch_mlp." in name) else n
+    return int(total)
 
 
 # ----------------------------------------------------------------------------- local
@@ -166,7 +184,11 @@ def inspect_local(path: str | Path) -> dict:
     tensors: dict = {}
     problems: list[ModelLoadError] = []
     try:
-        shards = checkpoint.shard_files(path)
+        cfg = checkpoint.with_runtime(path, parse_config(config))
+    except ModelLoadError:
+        cfg = None  # blockers() reports why
+    try:
+        shards = checkpoint.shard_files(path, cfg)
     except ModelLoadError as exc:
         problems.append(exc)
         shards = []

@@ -7,7 +7,9 @@
 - ``folder_size(path)``: bytes of the regular files under a folder (symlinked files counted by
   their target; symlinked folders not followed).
 - ``inside(folder, rel)``: a file named by a model's own metadata, refused when it leaves the
-  folder (``..``, an absolute path, or a symlink resolving elsewhere).
+  folder (``..``, an absolute path, or a symlink resolving elsewhere) — except that a snapshot
+  of the Hugging Face cache (``models--org--name/snapshots/<sha>/``) may link into its own
+  repo's ``blobs/`` folder, which is how that cache stores every file.
 
 Nothing here imports another engine module except ``engine.errors`` and ``engine.resources``.
 """
@@ -28,7 +30,7 @@ APP_NAME = "MTPChat"
 SETTINGS_FILE = "model_store.json"
 
 __all__ = ["APP_NAME", "data_dir", "default_model_path", "default_store_root", "folder_size",
-           "inside", "resources_dir", "settings_path", "store_root"]
+           "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
 
 
 def data_dir() -> Path:
@@ -89,7 +91,24 @@ def inside(folder: Path, rel: object, *, what: str) -> Path:
         real, root = path.resolve(), folder.resolve()
     except (OSError, RuntimeError) as exc:  # symlink loops
         raise ModelLoadError(f"{what}: cannot resolve {rel!r} ({exc}).") from exc
-    if root not in real.parents:
+    if root not in real.parents and not _in_hf_blobs(folder, real):
         raise ModelLoadError(
             f"{what} names {rel!r}, which resolves outside the model folder ({real}): refused.")
     return path
+
+
+def hf_cache_blobs(folder: Path) -> Path | None:
+    """``models--org--name/blobs`` when ``folder`` is a snapshot of the Hugging Face cache."""
+    try:
+        snap = folder.resolve()
+    except (OSError, RuntimeError):
+        return None
+    repo = snap.parent.parent
+    if snap.parent.name != "snapshots" or not repo.name.startswith("models--"):
+        return None
+    return repo / "blobs"
+
+
+def _in_hf_blobs(folder: Path, real: Path) -> bool:
+    blobs = hf_cache_blobs(folder)
+    return blobs is not None and real.parent == blobs.resolve()

@@ -1,8 +1,9 @@
 """``pull``: download a model (resumable, see engine.download) and optionally convert it.
 
-Conversion (raw Hugging Face bf16 -> MLX 4/8-bit keeping the MTP head) is done by
-``engine.convert.convert(src_dir, dst_dir, *, bits, group_size, progress, cancel)``; the raw
-download is installed first, so a failed or cancelled conversion never costs a re-download.
+Conversion (raw Hugging Face bf16 -> MLX 4/8-bit keeping the MTP head) streams by default:
+``engine.stream_convert`` converts each shard as it arrives and deletes the raw one (peak disk:
+converted + about one raw shard; a killed pull resumes without redoing finished shards). With
+``keep_raw`` the raw download is installed first and ``engine.convert.convert`` runs after it.
 """
 from __future__ import annotations
 
@@ -20,17 +21,25 @@ from engine.store import MARKER_DIR, Store
 
 def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = None,
          group_size: int = 64, store: Store | None = None, progress: ProgressFn | None = None,
-         cancel: threading.Event | None = None, **kw) -> DownloadResult:
+         cancel: threading.Event | None = None, keep_raw: bool = False, **kw) -> DownloadResult:
     """Download ``repo_id`` (resuming), and with ``convert_bits`` convert it to MLX 4/8-bit.
 
-    The raw download is installed first (so a failed conversion never costs a re-download);
-    the conversion goes to ``<name>-mlx-<bits>bit``, built in staging and installed atomically.
+    By default the conversion streams (``engine.stream_convert``): each raw shard is converted
+    as it arrives and deleted, so peak disk is the converted size plus about one raw shard.
+    With ``keep_raw`` the raw download is installed first and converted afterwards into
+    ``<name>-mlx-<bits>bit`` (both kept).
     """
     store = store or Store()
     cancel = cancel or threading.Event()
     convert_fn = convert if convert_bits else None
     if convert_bits:
         check_options(convert_bits, group_size)  # refused before anything is downloaded
+    if convert_bits and not keep_raw:
+        from engine.stream_convert import StreamingConvertPull
+
+        return StreamingConvertPull(repo_id, revision=revision, bits=convert_bits,
+                                    group_size=group_size, store=store, progress=progress,
+                                    cancel=cancel, **kw).run()
     # bf16 -> b-bit shrinks weights about 16 / (b + 0.5) times; reserve room for the output.
     extra = (lambda total: int(total * (convert_bits + 0.5) / 16)) if convert_bits else 0
     dl = Downloader(repo_id, revision=revision, store=store, progress=progress, cancel=cancel,

@@ -51,7 +51,8 @@ MANIFEST_FILE = "download.json"
 PARTIAL_DIR = ".partial"
 TRASH_DIR = ".trash"
 
-Status = Literal["builtin", "installed", "unverified", "corrupt", "unsupported", "incomplete"]
+Status = Literal["builtin", "installed", "unverified", "corrupt", "unsupported", "incomplete",
+                 "external"]
 dir_size = folder_size  # the name app/ uses
 
 __all__ = ["InstalledModel", "Store", "data_dir", "default_root", "dir_size", "last_used",
@@ -194,10 +195,18 @@ class InstalledModel:
     deletable: bool = True
     problem: str | None = None
     bytes_total: int | None = None  # incomplete downloads: the size when finished
+    location: str = "store"  # "store", "builtin", or where an external model lives
+    location_label: str = "MTP Chat"
+    memory_needed_bytes: int | None = None
+    verdict: str | None = None
 
     @property
     def loadable(self) -> bool:
-        return self.status in ("builtin", "installed", "unverified")
+        return self.status in ("builtin", "installed", "unverified", "external")
+
+    @property
+    def external(self) -> bool:
+        return self.location not in ("store", "builtin")
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -275,7 +284,8 @@ class Store:
         rows: list[InstalledModel] = []
         if include_builtin:
             demo = default_model_path()
-            rows.append(self._row(demo, demo.name, status="builtin"))
+            rows.append(self._row(demo, demo.name, status="builtin", location="builtin",
+                                  location_label="built in"))
         if self.root.is_dir():
             for child in sorted(self.root.iterdir()):
                 if child.name.startswith(".") or not child.is_dir():
@@ -321,6 +331,9 @@ class Store:
         pulled = self._pulled_as(text)
         if pulled is not None:
             return pulled
+        found = self._external_named(text)
+        if found is not None:
+            return found
         if any(r.repo_id == text for r in self.list(include_builtin=False)
                if r.status == "incomplete"):
             raise ModelLoadError(f"{text} is not fully downloaded yet: finish it with "
@@ -342,6 +355,16 @@ class Store:
                 stamp = marker.get("installed_at")
                 found.append((stamp if isinstance(stamp, (int, float)) else 0.0, child))
         return max(found)[1] if found else None
+
+    def _external_named(self, text: str) -> Path | None:
+        """A model found outside the store (engine.discovery) by its org/name."""
+        from engine.discovery import scan
+
+        want = text.casefold()
+        for f in scan():
+            if want == f.name.casefold() and self.root.resolve() not in f.path.resolve().parents:
+                return f.path
+        return None
 
     def mark_used(self, name_or_path: str | Path, *, when: float | None = None) -> None:
         """Record that a model (by name, repo id or path) was loaded now."""

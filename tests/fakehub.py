@@ -41,6 +41,24 @@ class FakeRepo:
     gated: bool = False
     corrupt: dict[str, dict] = field(default_factory=dict)  # path -> {"sha256"|"size": value}
     lfs_suffixes: tuple[str, ...] = (".safetensors",)
+    meta: dict = field(default_factory=dict)  # search answers: downloads, likes, license, tags
+
+    def search_item(self, repo_id: str) -> dict:
+        """What ``GET /api/models?search=...&expand=...`` lists for this repo."""
+        try:
+            config = json.loads(self.files.get("config.json", b"{}"))
+        except ValueError:
+            config = {}
+        size = sum(self.entry(p)["size"] for p in self.files)
+        cfg = {k: config[k] for k in ("architectures", "model_type", "quantization")
+               if k in config}
+        return {"id": repo_id, "modelId": repo_id, "sha": self.sha, "private": False,
+                "gated": "manual" if self.gated else False,
+                "downloads": self.meta.get("downloads", 0), "likes": self.meta.get("likes", 0),
+                "tags": self.meta.get("tags", ["safetensors"]),
+                "cardData": {"license": self.meta.get("license", "apache-2.0")},
+                "config": cfg, "usedStorage": size,
+                "lastModified": "2026-05-01T00:00:00.000Z"}
 
     @property
     def sha(self) -> str:
@@ -117,6 +135,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.server.is_cdn:
                 return self._cdn(path)
+            if path == "/api/models":
+                return self._search(parts.query)
             if path.startswith("/api/models/"):
                 return self._api(path[len("/api/models/"):], parts.query)
             if "/resolve/" in path:
@@ -160,6 +180,29 @@ class _Handler(BaseHTTPRequestHandler):
                     "gated": "manual" if repo.gated else False, "private": False,
                     "siblings": [{"rfilename": p, "size": repo.entry(p)["size"]}
                                  for p in sorted(repo.files)]})
+
+    def _search(self, query: str) -> None:
+        """Hub search: ``search`` matches ids (case-insensitive), most downloaded first, pages
+        of ``hub.search_page_size`` linked by ``Link: <...cursor=N>; rel="next"``."""
+        from urllib.parse import parse_qs, urlencode
+
+        hub = self.server.hub
+        if hub.api_status:
+            return self._error(hub.api_status, "ServerError", "fake outage")
+        q = parse_qs(query)
+        want = (q.get("search") or [""])[0].lower()
+        hub.searches.append(q)
+        ids = sorted((r for r in hub.repos if want in r.lower()),
+                     key=lambda r: (-hub.repos[r].meta.get("downloads", 0), r))
+        start = int((q.get("cursor") or ["0"])[0])
+        size = min(int((q.get("limit") or [hub.search_page_size])[0]), hub.search_page_size)
+        page = ids[start:start + size]
+        headers = {}
+        if start + size < len(ids):
+            nxt = {k: v for k, v in q.items() if k != "cursor"}
+            nxt["cursor"] = [str(start + size)]
+            headers["Link"] = f'<{hub.url}/api/models?{urlencode(nxt, doseq=True)}>; rel="next"'
+        self._json([hub.repos[r].search_item(r) for r in page], headers=headers)
 
     def _resolve(self, repo_id: str, rev: str, fpath: str) -> None:
         hub = self.server.hub
@@ -276,6 +319,8 @@ class FakeHub:
         self.redirect = False
         self.api_status = 0
         self.api_delay_s = 0.0  # a slow network for /api/ calls
+        self.search_page_size = 3  # small, so tests page through the Link header
+        self.searches: list[dict] = []  # the query of every search request
         self.lock = threading.Lock()
         self.served: dict[tuple[str, str], int] = defaultdict(int)
         self.requests: list[dict] = []

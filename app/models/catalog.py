@@ -1,4 +1,5 @@
-"""The model manager's catalog page: curated MTP-capable models with verdicts for this Mac.
+"""The model manager's catalog page: curated MTP-capable models with verdicts for this machine
+(memory, disk, and speed from the machine's measured bandwidth).
 
 Signals: ``check_requested(str repo_id)`` and
 ``download_requested(str repo_id, str revision, object bits_or_None, dict option)``.
@@ -49,20 +50,22 @@ class CatalogPanel(QWidget):
         lay.addWidget(self.notes)
 
     def refresh(self, *, store_root, total_memory: int | None = None,
-                free_space=None) -> None:
+                free_space=None, machine: dict | None = None) -> None:
         from engine.catalog import catalog_for_machine
 
         try:
             cat = catalog_for_machine(store_root=store_root, total_mem=total_memory,
-                                      free_fn=free_space)
+                                      free_fn=free_space, machine=machine)
         except EngineError as exc:
             self.machine_label.setText(str(exc))
             return
         self.catalog = cat
         m = cat["machine"]
+        bw = m.get("bandwidth_bytes_per_s")
         self.machine_label.setText(
-            f"<b>This Mac:</b> {fmt_gib(m['total_memory_bytes'])} memory · "
-            f"{fmt_bytes(m['free_disk_bytes'])} free on the disk holding {m['store']}")
+            f"<b>{m['name']}:</b> {fmt_gib(m['total_memory_bytes'])} memory · "
+            + (f"{bw / 1e9:.0f} GB/s measured memory bandwidth · " if bw else "")
+            + f"{fmt_bytes(m['free_disk_bytes'])} free on the disk holding {m['store']}")
         t = self.table
         t.setRowCount(len(cat["models"]))
         for row, e in enumerate(cat["models"]):
@@ -83,8 +86,11 @@ class CatalogPanel(QWidget):
 
     @staticmethod
     def _options_tooltip(e: dict) -> str:
+        def speed(o: dict) -> str:
+            return f", about {o['estimated_tok_s']:g} tok/s here" if o.get("estimated_tok_s") \
+                else ""
         return "\n".join(f"{o['quantization']}: memory {fmt_gib(o['memory_bytes'])}, disk "
-                         f"{fmt_bytes(o['disk_needed_bytes'])} — {o['verdict']}"
+                         f"{fmt_bytes(o['disk_needed_bytes'])}{speed(o)} — {o['verdict']}"
                          for o in e["options"])
 
     def _buttons(self, e: dict, best: dict) -> QWidget:
@@ -96,7 +102,7 @@ class CatalogPanel(QWidget):
         check.clicked.connect(lambda: self.check_requested.emit(e["repo_id"]))
         get = QPushButton("Download", w)
         get.setAccessibleName(f"Download {e['repo_id']}")
-        fits = e["verdict"] in ("recommended", "tight fit")
+        fits = e["verdict"] in ("recommended", "tight fit", "too slow")
         get.setEnabled(fits)
         get.setToolTip(e["pull_command"] if fits else f"{e['verdict']} on this machine")
         bits = best.get("bits") if best.get("needs_conversion") else None

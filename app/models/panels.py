@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushB
 
 from app.models.jobs import DownloadJob
 
-VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401",
+VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401", "too slow": "#b3261e",
                   "not enough memory": "#d93025", "not enough disk": "#d93025",
                   "unknown": "#5f6368"}
 STYLE = """

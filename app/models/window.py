@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QApplication, QComboBox, QFile
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
 from app.models.catalog import CatalogPanel
+from app.models.search import SearchPanel
 from app.models.jobs import DownloadJob, run_in_pool
 from app.models.panels import (STYLE, VERDICT_COLORS, DownloadRow, convert_options, fmt_bytes,
                                fmt_gib, report_html)
@@ -35,8 +36,8 @@ from engine.errors import EngineError
 from engine.store import Store, set_store_root
 
 log = logging.getLogger(__name__)
-INSTALLED_COLUMNS = ("Name", "Status", "Size", "Family", "Quantization", "MTP", "Tuned depth",
-                     "Last used")
+INSTALLED_COLUMNS = ("Name", "Where", "Status", "Size", "Family", "Quantization", "MTP",
+                     "Verdict", "Tuned depth", "Last used")
 
 
 class ModelsWindow(QMainWindow):
@@ -46,7 +47,8 @@ class ModelsWindow(QMainWindow):
     def __init__(self, parent: QWidget | None = None, *, store: Store | None = None,
                  total_memory: int | None = None,
                  free_space: Callable[[Path], int] | None = None, auto_resume: bool = True,
-                 download_options: dict | None = None) -> None:
+                 download_options: dict | None = None, machine: dict | None = None,
+                 scan_external: bool = True) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models — MTP Chat")
         self.resize(1060, 680)
@@ -54,6 +56,9 @@ class ModelsWindow(QMainWindow):
         self.store = store or Store()
         self._total_memory = total_memory
         self._free_space = free_space
+        self._machine = machine
+        self._scan_external = scan_external
+        self.external: list = []  # models found outside the store (engine.local)
         self.download_options = dict(download_options or {})
         if free_space is not None:
             self.download_options.setdefault("free_space", free_space)
@@ -71,9 +76,14 @@ class ModelsWindow(QMainWindow):
         self.tabs.addTab(self.catalog_panel, "Catalog")
         self.tabs.addTab(self._build_add(), "Add from Hugging Face")
         self.tabs.addTab(self._build_downloads(), "Downloads")
-        self.tabs.addTab(self._build_installed(), "Installed")
+        self.tabs.addTab(self._build_installed(), "On this machine")
+        self.search_panel = SearchPanel(self, total_memory=total_memory)
+        self.search_panel.check_requested.connect(self.check_repo)
+        self.search_panel.download_requested.connect(self._confirm_download)
+        self.tabs.addTab(self.search_panel, "Search")
         self.refresh_catalog()
         self.refresh_installed()
+        self.refresh_external()
         self._adopt_incomplete(start=auto_resume)
         app = QApplication.instance()
         if app is not None:
@@ -82,7 +92,7 @@ class ModelsWindow(QMainWindow):
     # ================================================================== catalog
     def refresh_catalog(self) -> None:
         self.catalog_panel.refresh(store_root=self.store.root, total_memory=self._total_memory,
-                                   free_space=self._free_space)
+                                   free_space=self._free_space, machine=self._machine)
 
     def _confirm_download(self, repo: str, revision: str, bits, spec: dict) -> None:
         what = f" and convert it to MLX {bits}-bit" if bits else ""
@@ -326,7 +336,7 @@ class ModelsWindow(QMainWindow):
         change = QPushButton("Change folder…", page)
         change.clicked.connect(self._change_folder)
         refresh = QPushButton("Refresh", page)
-        refresh.clicked.connect(self.refresh_installed)
+        refresh.clicked.connect(self.refresh_external)
         top.addWidget(self.folder_label, 1)
         top.addWidget(change)
         top.addWidget(refresh)
@@ -347,6 +357,7 @@ class ModelsWindow(QMainWindow):
         for key, text, slot in (("load", "Load", self._load_selected),
                                 ("tune", "Tune", self._tune_selected),
                                 ("open", "Open folder", self._open_selected),
+                                ("import", "Import into MTP Chat", self._import_selected),
                                 ("delete", "Delete…", self._delete_selected)):
             b = QPushButton(text, page)
             b.clicked.connect(slot)
@@ -361,18 +372,12 @@ class ModelsWindow(QMainWindow):
 
     def refresh_installed(self) -> None:
         self.folder_label.setText(f"Models folder: {self.store.root}")
-        rows = [r for r in self.store.list() if r.status != "incomplete"]
+        rows = [r for r in self.store.list() if r.status != "incomplete"] + self.external
         self.installed = rows
         t = self.installed_table
         t.setRowCount(len(rows))
         for i, r in enumerate(rows):
-            q = r.quantization
-            cells = (r.name, r.status, fmt_bytes(r.size_bytes), r.family or "-",
-                     f"{q.get('bits')}-bit" if q else "none",
-                     "-" if r.has_mtp is None else ("yes" if r.has_mtp else "no"),
-                     "-" if r.tuned_depth is None else str(r.tuned_depth),
-                     time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
-                     if r.last_used else "never")
+            cells = _installed_cells(r)
             in_use = self.loaded_path is not None and r.path == self.loaded_path
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -382,7 +387,7 @@ class ModelsWindow(QMainWindow):
                     font = item.font()
                     font.setBold(True)
                     item.setFont(font)
-                if col == 1 and r.status == "corrupt":
+                if col == 2 and r.status in ("corrupt", "unsupported"):
                     item.setForeground(Qt.GlobalColor.red)
                 t.setItem(i, col, item)
         t.resizeColumnsToContents()
@@ -407,6 +412,48 @@ class ModelsWindow(QMainWindow):
         b["tune"].setEnabled(bool(r and r.loadable and r.has_mtp))
         b["open"].setEnabled(bool(r and Path(r.path).exists()))
         b["delete"].setEnabled(bool(r and r.deletable))
+        b["delete"].setToolTip("" if not r or r.deletable else
+                               f"{r.name} lives in the {r.location_label}: MTP Chat never deletes it"
+                               if r.external else "built into the app")
+        b["import"].setEnabled(bool(r and r.external and r.loadable))
+        b["import"].setToolTip("Hard-links the files into MTP Chat's models folder (no extra disk "
+                               "on the same drive; a copy otherwise)")
+
+    def refresh_external(self) -> None:
+        """Rescan the Hugging Face cache, LM Studio and MTPLX folders (on the thread pool)."""
+        self.refresh_installed()
+        if not self._scan_external:
+            return
+        from engine.local import external_rows
+
+        store, mem = self.store, self._total_memory
+        self._relays.append(run_in_pool(
+            lambda: external_rows(store, total_memory=mem), on_done=self._on_external,
+            on_error=lambda msg: log.warning("scanning for models failed: %s", msg),
+            parent=self))
+
+    def _on_external(self, rows: list) -> None:
+        self.external = rows
+        self.refresh_installed()
+
+    def _import_selected(self) -> None:
+        r = self.selected_model()
+        if not r or not r.external:
+            return
+        from engine.local import import_model
+
+        self.tune_status.setText(f"Importing {r.name}…")
+        store = self.store
+        self._relays.append(run_in_pool(
+            lambda: import_model(r.path, store=store), on_done=self._on_imported,
+            on_error=lambda msg: (self.tune_status.setText(""),
+                                  QMessageBox.warning(self, "Import model", msg)), parent=self))
+
+    def _on_imported(self, result) -> None:
+        dest, linked, copied = result
+        how = f"{linked} file(s) hard-linked" + (f", {copied} copied" if copied else "")
+        self.tune_status.setText(f"Imported as {dest.name} ({how})")
+        self.refresh_installed()
 
     def _load_selected(self) -> None:
         r = self.selected_model()
@@ -472,6 +519,16 @@ class ModelsWindow(QMainWindow):
     def _ask(self, title: str, text: str) -> bool:
         answer = QMessageBox.question(self, title, text)
         return answer == QMessageBox.StandardButton.Yes
+
+
+def _installed_cells(r) -> tuple[str, ...]:
+    q = r.quantization
+    return (r.name, r.location_label, r.status, fmt_bytes(r.size_bytes), r.family or "-",
+            f"{q.get('bits')}-bit" if q else "none",
+            "-" if r.has_mtp is None else ("yes" if r.has_mtp else "no"), r.verdict or "-",
+            "-" if r.tuned_depth is None else str(r.tuned_depth),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r.last_used))
+            if r.last_used else "never")
 
 
 def _precheck(repo: str, revision: str, root: Path, free_fn, total_memory) -> dict:

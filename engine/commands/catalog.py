@@ -18,8 +18,10 @@ def run(args) -> int:
         print(json.dumps(cat, indent=2))
         return 0
     m = cat["machine"]
-    print(f"memory {m['total_memory_bytes'] / 2**30:.1f} GiB, free disk "
-          f"{m['free_disk_bytes'] / 1e9:.1f} GB at {m['store']}\n")
+    bw = m.get("bandwidth_bytes_per_s")
+    print(f"{m['name']}: memory {m['total_memory_bytes'] / 2**30:.1f} GiB, "
+          + (f"measured bandwidth {bw / 1e9:.1f} GB/s, " if bw else "")
+          + f"free disk {m['free_disk_bytes'] / 1e9:.1f} GB at {m['store']}\n")
     print(f"{'MODEL':24} {'VERDICT':18} {'BEST':5} {'DOWNLOAD':>9} {'MEMORY':>8}  COMMAND")
     for e in cat["models"]:
         best = next((o for o in e["options"] if o["quantization"] == e["best_quantization"]), {})

@@ -16,6 +16,9 @@ def add_arguments(p) -> None:
                    help="convert the raw checkpoint to MLX after download (keeps the MTP head)")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="bits for --convert")
     p.add_argument("--group-size", type=int, default=64, help="quantization group size")
+    p.add_argument("--keep-raw", action="store_true",
+                   help="with --convert: keep the raw download too (needs raw + converted disk); "
+                        "by default each raw shard is converted as it arrives and deleted")
     p.add_argument("--token", default=None, help="Hugging Face token (default: HF_TOKEN, the "
                    "app's saved token, then `hf auth login`'s)")
     p.add_argument("--models-dir", default=None, help="store folder (default: the app's)")
@@ -49,7 +52,8 @@ def _printer(as_json: bool):
             return
         eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None and p.phase == "downloading" else ""
         stalled = " — STALLED" if p.stalled else ""
-        line = (f"\r{p.phase}: {_fmt_bytes(p.bytes_done)} / {_fmt_bytes(p.bytes_total)} "
+        what = f" {p.message}" if p.phase == "converting" and p.message else ""
+        line = (f"\r{p.phase}{what}: {_fmt_bytes(p.bytes_done)} / {_fmt_bytes(p.bytes_total)} "
                 f"({100 * p.fraction:.0f}%), {_fmt_bytes(p.speed_bps)}/s{eta}, "
                 f"file {min(p.files_done + 1, p.files_total)}/{p.files_total}{stalled}")
         print(line.ljust(100), end="\n" if final else "", file=sys.stderr, flush=True)
@@ -70,7 +74,8 @@ def run(args) -> int:
         try:
             box["result"] = pull(
                 repo_id, revision=revision, convert_bits=args.bits if args.convert else None,
-                group_size=args.group_size, store=Store(args.models_dir), token=args.token,
+                group_size=args.group_size, keep_raw=args.keep_raw,
+                store=Store(args.models_dir), token=args.token,
                 progress=_printer(args.json), cancel=cancel, stall_after_s=args.stall_after,
                 read_timeout_s=args.timeout, max_retries=args.retries)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread

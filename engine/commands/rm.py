@@ -20,6 +20,11 @@ def run(args) -> int:
     store = Store(args.models_dir)
     row = store.find(args.name)
     if row is None:
+        from engine.local import find_external, refuse_delete
+
+        outside = find_external(args.name, store)
+        if outside is not None:
+            raise refuse_delete(outside)
         raise StoreError(f"no model named {args.name!r} (see `python -m engine list`)")
     if not args.yes:
         if not sys.stdin.isatty():

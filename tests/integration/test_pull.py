@@ -111,7 +111,7 @@ def test_cli_list_inspect_rm_catalog(repos, tmp_path):
     assert not (models / "tiny--no-mtp").exists()
     cat = json.loads(_engine("catalog", "--json", "--models-dir", str(models), env=env).stdout)
     assert {m["verdict"] for m in cat["models"]} <= {
-        "recommended", "tight fit", "not enough memory", "not enough disk"}
+        "recommended", "tight fit", "too slow", "not enough memory", "not enough disk"}
 
 
 def test_pull_convert(repos, tmp_path):
@@ -125,3 +125,37 @@ def test_pull_convert(repos, tmp_path):
     assert result["converted"] and result["name"] == "tiny--mtp-mlx-8bit"
     info = json.loads(_engine("inspect", result["path"], "--json", env=env).stdout)
     assert info["has_mtp"] and info["quantization"]["bits"] == 8 and info["layout"] == "mlx"
+
+
+def test_pull_convert_killed_mid_way_resumes_without_redoing_shards(tmp_path):
+    from tests.fakehub import FakeRepo, _read_dir
+    from tests.tinymodels import build_tiny_model
+
+    src = build_tiny_model(tmp_path / "src", seed=5, shards=4, hidden=128, layers=8)
+    models = tmp_path / "models"
+    state = models / ".partial" / "org--big-mlx-4bit" / ".mtpchat" / "stream_convert.json"
+    with FakeHub({"org/big": FakeRepo(_read_dir(src))}) as fake:
+        env = subprocess_env(fake, tmp_path / "home")
+        fake.chunk_size, fake.chunk_delay_s = 16384, 0.01
+        cmd = [sys.executable, "-m", "engine", "pull", "org/big", "--convert", "--bits", "4",
+               "--group-size", "32", "--json", "--models-dir", str(models)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _wait_for(lambda: state.exists() and "model-00002" in state.read_text(), 120)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        fake.wait_idle()
+        done = json.loads(state.read_text())["done"]
+        assert proc.returncode == -signal.SIGKILL and len(done) in (2, 3)
+        fake.chunk_delay_s = 0
+        fake.reset_counts()
+        out = _engine("pull", "org/big", "--convert", "--bits", "4", "--group-size", "32",
+                      "--json", "--models-dir", str(models), env=env, timeout=300)
+        served = fake.served_for("org/big")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "installed" and result["converted"]
+    assert not any(p in served for p in done)  # finished shards: neither fetched nor redone
+    assert served.get("model-00004-of-00004.safetensors")
+    info = json.loads(_engine("inspect", result["path"], "--json", env=env).stdout)
+    assert info["has_mtp"] and info["quantization"]["bits"] == 4 and info["supported"]
