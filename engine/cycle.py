@@ -76,7 +76,8 @@ def draft(row: Row, x0: int, k: int, reason: str, *, profile: bool = False) -> D
     proposal = None
     if k > 0:
         request = DraftRequest(x0=x0, k=k, generated=row.reply.generated, params=row.params,
-                               counts=row.reply.counts, key=next(row.keys))
+                               counts=row.reply.counts,
+                               key=None if row.params.greedy else next(row.keys))
         proposal = row.drafter.draft(request)
         (mx.eval if profile else mx.async_eval)(proposal.tokens)
     return Draft(x0=x0, k=k, reason=reason, proposal=proposal, t0=t0,

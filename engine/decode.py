@@ -199,7 +199,7 @@ class _Step:
     y: mx.array
     logits: mx.array
     counts: mx.array | None
-    key: mx.array
+    key: mx.array | None  # None when greedy
     exact: mx.array | None
 
     @classmethod
@@ -218,16 +218,17 @@ def run_plain(session: Session, reply: Reply, params: SamplingParams,
     wait on reading it is the step's ``t_sync``; ``t_verify`` is the host time queuing. A
     token the compact sampler drew at a tied top-k boundary is redrawn densely (the step
     queued on it is rewound first)."""
-    cur = _Step.queue(session.step_plain(mx.array([x0])), params, reply.counts, next(keys))
+    draw = (lambda: None) if params.greedy else (lambda: next(keys))  # greedy: no keys
+    cur = _Step.queue(session.step_plain(mx.array([x0])), params, reply.counts, draw())
     session.confirm(x0)
     t_prev = time.perf_counter()
     while True:
         if reply.cancelled:
             yield reply.cancel_event()
             return
-        counts, mark = reply.counts, session.mark()
+        counts, mark = reply.counts, (None if cur.exact is None else session.mark())
         reply.count(cur.y[None])
-        nxt = _Step.queue(session.step_plain(cur.y), params, reply.counts, next(keys))
+        nxt = _Step.queue(session.step_plain(cur.y), params, reply.counts, draw())
         t_queued = time.perf_counter()
         if cur.exact is not None and not cur.exact.item():
             session.rewind(mark)

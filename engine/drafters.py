@@ -40,7 +40,7 @@ class DraftRequest:
     generated: Sequence[int]      # the tokens emitted so far in this reply
     params: SamplingParams
     counts: mx.array | None       # [V] penalty counts of ``generated`` (None: no penalties)
-    key: mx.array                 # this cycle's draft key
+    key: mx.array | None          # this cycle's draft key (None when greedy)
 
 
 @dataclass(frozen=True)
