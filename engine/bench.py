@@ -164,3 +164,28 @@ def _cycle_figures(cycles: list) -> dict:
             phase: round(sum(getattr(c, f"t_{phase}") for c in spec) / tot, 4)
             for phase in ("draft", "verify", "accept", "commit", "sync")}
     return out
+
+
+def sampling_cost(*, vocab: int = 248_320, rows: int = 4, params: SamplingParams,
+                  repeats: int = 20, seed: int = 0) -> dict:
+    """Milliseconds per verified row to build the target distribution and draw from it, on
+    random logits of ``vocab`` tokens: the dense path (``sampling.build_probs`` + ``sample``,
+    what every row cost before ``engine.candidates``) against the compact one, median of
+    ``repeats``, both in this process."""
+    from engine import candidates, sampling
+
+    logits = mx.random.normal((rows, vocab), key=mx.random.key(seed)) * 3
+    key = mx.random.key(seed + 1)
+    paths = {"dense": lambda: sampling.sample(sampling.build_probs(logits, params), key)}
+    if candidates.applies(params, vocab):
+        paths["compact"] = lambda: candidates.sample(candidates.build(logits, params), key)
+    out = {}
+    for name, fn in paths.items():
+        mx.eval(fn())
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            mx.eval(fn())
+            times.append(time.perf_counter() - t0)
+        out[name] = round(1000 * statistics.median(times) / rows, 3)
+    return {"vocab": vocab, "rows": rows, "params": params.__dict__, "ms_per_row": out}

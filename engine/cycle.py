@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import sampling
+from engine import candidates, sampling
 from engine.drafters import Drafter, DraftRequest, Proposal
 from engine.reply import Reply
 from engine.session import Session, Verified
@@ -60,10 +60,14 @@ class Draft:
 @dataclass(frozen=True)
 class Verdict:
     """Exact acceptance's result, lazy: ``n`` [] drafts accepted, ``extra`` [] the token that
-    follows them (the correction at the first rejection, or the bonus)."""
+    follows them (the correction at the first rejection, or the bonus). ``exact`` [] bool,
+    when the compact sampler was used: False means a target row tied at its top-k boundary,
+    and ``complete`` redoes the acceptance densely (``key`` is the key it used)."""
 
     n: mx.array
     extra: mx.array
+    exact: mx.array | None = None
+    key: mx.array | None = None
 
 
 def draft(row: Row, x0: int, k: int, reason: str, *, profile: bool = False) -> Draft:
@@ -72,7 +76,8 @@ def draft(row: Row, x0: int, k: int, reason: str, *, profile: bool = False) -> D
     proposal = None
     if k > 0:
         request = DraftRequest(x0=x0, k=k, generated=row.reply.generated, params=row.params,
-                               counts=row.reply.counts, key=next(row.keys))
+                               counts=row.reply.counts,
+                               key=None if row.params.greedy else next(row.keys))
         proposal = row.drafter.draft(request)
         (mx.eval if profile else mx.async_eval)(proposal.tokens)
     return Draft(x0=x0, k=k, reason=reason, proposal=proposal, t0=t0,
@@ -92,20 +97,29 @@ def verify(row: Row, d: Draft, *, profile: bool = False) -> Verified:
     return ver
 
 
-def accept(row: Row, d: Draft, ver: Verified) -> Verdict:
+def accept(row: Row, d: Draft, ver: Verified, *, key: mx.array | None = None,
+           dense: bool = False) -> Verdict:
     """Step 3: exact acceptance of the drafts against the verify rows. Penalty counts of row
-    i include the drafts before it, as plain decoding would have counted them."""
+    i include the drafts before it, as plain decoding would have counted them. Top-k sampling
+    runs on the compact candidates (``engine.candidates``) unless ``dense``."""
     params, counts = row.params, row.reply.counts
     drafts = d.proposal.tokens if d.proposal else mx.zeros((0,), dtype=mx.int32)
     rows = None if counts is None else sampling.history_counts(counts, drafts)
     if params.greedy:
         target = sampling.argmax_tokens(ver.logits, params, rows)
-        n, extra = sampling.accept_greedy(target, drafts)
-    else:
-        p = sampling.build_probs(ver.logits, params, rows)
-        n, extra = sampling.accept_sampled(p, d.proposal.q if d.proposal else None, drafts,
-                                           next(row.keys))
-    return Verdict(n=n, extra=extra)
+        return Verdict(*sampling.accept_greedy(target, drafts))
+    key = next(row.keys) if key is None else key
+    q = d.proposal.q if d.proposal else None
+    vocab = ver.logits.shape[-1]
+    if not dense and candidates.applies(params, vocab, ver.logits.dtype) and \
+            (q is None or isinstance(q, candidates.Candidates)):
+        p = candidates.build(ver.logits, params, rows)
+        n, extra = candidates.accept_sampled(p, q, drafts, key)
+        return Verdict(n, extra, exact=mx.all(p.exact), key=key)
+    if isinstance(q, candidates.Candidates):
+        q = q.dense(vocab)
+    p = sampling.build_probs(ver.logits, params, rows)
+    return Verdict(*sampling.accept_sampled(p, q, drafts, key), key=key)
 
 
 def commit(row: Row, d: Draft, ver: Verified, drafted: list[int], keep: int) -> None:
@@ -114,10 +128,15 @@ def commit(row: Row, d: Draft, ver: Verified, drafted: list[int], keep: int) -> 
     row.session.commit(d.x0, drafted, keep, ver, drafted=d.k)
 
 
-def _sync(d: Draft, verdict: Verdict) -> tuple[int, int, list[int]]:
-    """The cycle's one host synchronisation: (n, extra token, drafted ids)."""
+def _sync(row: Row, d: Draft, ver: Verified, verdict: Verdict) -> tuple[int, int, list[int]]:
+    """The cycle's one host synchronisation: (n, extra token, drafted ids). A compact
+    acceptance whose target rows tied at the top-k boundary is redone densely (a second sync,
+    only then), so the emitted tokens always follow ``sampling.build_probs``."""
     outs = [verdict.n, verdict.extra] + ([d.proposal.tokens] if d.proposal else [])
-    mx.eval(outs)
+    mx.eval(outs + ([verdict.exact] if verdict.exact is not None else []))
+    if verdict.exact is not None and not verdict.exact.item():
+        verdict = accept(row, d, ver, key=verdict.key, dense=True)
+        mx.eval(verdict.n, verdict.extra)
     drafted = d.proposal.tokens.tolist() if d.proposal else []
     return int(verdict.n.item()), int(verdict.extra.item()), drafted
 
@@ -130,7 +149,7 @@ def complete(row: Row, d: Draft, *, profile: bool = False) -> tuple[Event, int]:
     t2 = time.perf_counter()
     verdict = accept(row, d, ver)
     t3 = time.perf_counter()
-    n, extra, drafted = _sync(d, verdict)
+    n, extra, drafted = _sync(row, d, ver, verdict)
     t4 = time.perf_counter()
     tokens, reason = row.reply.cut(drafted[:n] + [extra])
     keep = min(n, len(tokens))  # an EOS among the accepted drafts ends the reply there

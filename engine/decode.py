@@ -19,10 +19,11 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import cycle, sampling, store
+from engine import candidates, cycle, sampling, store
 from engine.adaptive import AdaptiveDepth, carry_over
 from engine.drafters import Drafter, MTPDrafter
 from engine.errors import GenerationError, PromptTooLongError
@@ -120,7 +121,7 @@ def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingPa
     if reused < len(prompt):
         session.prefill(prompt[reused:])
     keys = _keys(seed)
-    x0 = int(_pick(session.last_logits, params, reply.counts, next(keys)).item())
+    x0 = _first(session, params, reply.counts, next(keys))
     model.prompt_cache.keep(session.snapshot())
     prefill = PrefillStats(prompt_tokens=len(prompt), reused_tokens=reused,
                            seconds=time.perf_counter() - t_start)
@@ -147,12 +148,25 @@ def _session_for(model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]
     return Session.fresh(model, use_mtp=use_mtp), 0
 
 
-def _pick(logits: mx.array, params: SamplingParams, counts, key) -> mx.array:
-    """The next token from logits [1, V] exactly as plain decoding samples it."""
+def _pick(logits: mx.array, params: SamplingParams, counts, key, *,
+          dense: bool = False) -> tuple[mx.array, mx.array | None]:
+    """The next token from logits [1, V] exactly as plain decoding samples it, and, when the
+    compact top-k sampler drew it, its ``exact`` flag [1] (False: redo with ``dense``)."""
     c = None if counts is None else counts[None]
     if params.greedy:
-        return sampling.argmax_tokens(logits, params, c)[0]
-    return sampling.sample(sampling.build_probs(logits, params, c), key)[0]
+        return sampling.argmax_tokens(logits, params, c)[0], None
+    if not dense and candidates.applies(params, logits.shape[-1], logits.dtype):
+        cand = candidates.build(logits, params, c)
+        return candidates.sample(cand, key)[0], cand.exact
+    return sampling.sample(sampling.build_probs(logits, params, c), key)[0], None
+
+
+def _first(session: Session, params: SamplingParams, counts, key) -> int:
+    """The first token, from the prompt's last logits."""
+    y, exact = _pick(session.last_logits, params, counts, key)
+    if exact is not None and not exact.item():
+        y, _ = _pick(session.last_logits, params, counts, key, dense=True)
+    return int(y.item())
 
 
 def _keys(seed: int | None) -> Iterator[mx.array]:
@@ -177,23 +191,52 @@ def _controller(model, drafter: Drafter | None) -> AdaptiveDepth:
     return model.depth_controller
 
 
+@dataclass
+class _Step:
+    """A queued plain step: its token (lazy), the logits, counts and key it was drawn with,
+    and the compact sampler's ``exact`` flag (None: drawn densely or greedily)."""
+
+    y: mx.array
+    logits: mx.array
+    counts: mx.array | None
+    key: mx.array | None  # None when greedy
+    exact: mx.array | None
+
+    @classmethod
+    def queue(cls, logits, params, counts, key) -> "_Step":
+        y, exact = _pick(logits, params, counts, key)
+        mx.async_eval(y if exact is None else [y, exact])
+        return cls(y, logits, counts, key, exact)
+
+    def redo_dense(self, params) -> None:
+        self.y, self.exact = _pick(self.logits, params, self.counts, self.key, dense=True)
+
+
 def run_plain(session: Session, reply: Reply, params: SamplingParams,
               keys: Iterator[mx.array], x0: int) -> Iterator[Event]:
     """Depth 0, pipelined like mlx-lm: the next step is queued before reading this one. The
-    wait on reading it is the step's ``t_sync``; ``t_verify`` is the host time queuing."""
-    y = _pick(session.step_plain(mx.array([x0])), params, reply.counts, next(keys))
-    mx.async_eval(y)
+    wait on reading it is the step's ``t_sync``; ``t_verify`` is the host time queuing. A
+    token the compact sampler drew at a tied top-k boundary is redrawn densely (the step
+    queued on it is rewound first)."""
+    draw = (lambda: None) if params.greedy else (lambda: next(keys))  # greedy: no keys
+    cur = _Step.queue(session.step_plain(mx.array([x0])), params, reply.counts, draw())
     session.confirm(x0)
     t_prev = time.perf_counter()
     while True:
         if reply.cancelled:
             yield reply.cancel_event()
             return
-        reply.count(y[None])
-        nxt = _pick(session.step_plain(y), params, reply.counts, next(keys))
-        mx.async_eval(nxt)
+        counts, mark = reply.counts, (None if cur.exact is None else session.mark())
+        reply.count(cur.y[None])
+        nxt = _Step.queue(session.step_plain(cur.y), params, reply.counts, draw())
         t_queued = time.perf_counter()
-        tok = int(y.item())
+        if cur.exact is not None and not cur.exact.item():
+            session.rewind(mark)
+            cur.redo_dense(params)
+            reply.counts = counts
+            reply.count(cur.y[None])
+            nxt = _Step.queue(session.step_plain(cur.y), params, reply.counts, nxt.key)
+        tok = int(cur.y.item())
         session.confirm(tok)
         now = time.perf_counter()
         tokens, reason = reply.cut([tok])
@@ -205,9 +248,9 @@ def run_plain(session: Session, reply: Reply, params: SamplingParams,
         ev = reply.emit(tokens, reason, stats=stats, counted=True)
         yield ev
         if ev.finish_reason is not None:
-            mx.eval(nxt)
+            mx.eval(nxt.y)
             return
-        y = nxt
+        cur = nxt
 
 
 def run_speculative(row: cycle.Row, x0: int, depth, controller: AdaptiveDepth | None, *,

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from engine import sampling
+from engine import candidates, sampling
 from engine.errors import GenerationError
 from engine.types import DRAFT_MODES, DraftMode, SamplingParams
 
@@ -40,13 +40,14 @@ class DraftRequest:
     generated: Sequence[int]      # the tokens emitted so far in this reply
     params: SamplingParams
     counts: mx.array | None       # [V] penalty counts of ``generated`` (None: no penalties)
-    key: mx.array                 # this cycle's draft key
+    key: mx.array | None          # this cycle's draft key (None when greedy)
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: mx.array              # [k] int32 (lazy)
-    q: mx.array | None            # [k, V] draft distributions; None: deterministic drafts
+    # the k draft distributions: [k, V], or compact (``engine.candidates``); None: argmax
+    q: mx.array | candidates.Candidates | None
 
     @property
     def k(self) -> int:
@@ -65,6 +66,14 @@ class Drafter(Protocol):
 
 def _unfiltered(params: SamplingParams) -> SamplingParams:
     return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
+
+
+def _stack(qs: list):
+    if not qs:
+        return None
+    if isinstance(qs[0], candidates.Candidates):
+        return candidates.Candidates.stack(qs)
+    return mx.stack(qs)
 
 
 class MTPDrafter:
@@ -97,13 +106,17 @@ class MTPDrafter:
             drafts.append(d)
             if j + 1 < k:
                 out = s.mtp_next(out, d)
-        return Proposal(tokens=mx.stack(drafts), q=mx.stack(qs) if qs else None)
+        return Proposal(tokens=mx.stack(drafts), q=_stack(qs))
 
-    def _pick(self, logits, params, row_counts, key) -> tuple[mx.array, mx.array | None]:
-        """One draft token (int32 scalar) and the q row it was sampled from (None: argmax)."""
+    def _pick(self, logits, params, row_counts, key):
+        """One draft token (int32 scalar) and the q row it was sampled from (None: argmax;
+        compact ``Candidates`` when the filters allow, see ``engine.candidates``)."""
         if params.greedy or self.mode == "argmax":
             d = sampling.argmax_tokens(logits, params, row_counts)
             return d.reshape(()).astype(mx.int32), None
+        if self.mode == "filtered" and candidates.applies(params, logits.shape[-1], logits.dtype):
+            c = candidates.build(logits, params, row_counts)
+            return candidates.sample(c, key).reshape(()), c
         qp = params if self.mode == "filtered" else _unfiltered(params)
         q = sampling.build_probs(logits, qp, row_counts)
         d = sampling.sample(q, key)

@@ -213,6 +213,16 @@ class Session:
         self.last_logits = out[:, -1]
         return self.last_logits
 
+    def mark(self) -> tuple:
+        """References to the trunk state before a plain step (cheap: no copies), for
+        ``rewind``."""
+        return _cache_state(self.trunk_cache), self.last_logits, self.mtp_ok
+
+    def rewind(self, mark: tuple) -> None:
+        """Undo the plain steps since ``mark`` (their tokens were never confirmed)."""
+        state, self.last_logits, self.mtp_ok = mark
+        _restore_state(self.trunk_cache, state)
+
     def confirm(self, token: int) -> None:
         """The value of the token the last ``step_plain`` fed."""
         self.fed.append(token)

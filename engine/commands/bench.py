@@ -35,9 +35,32 @@ def add_arguments(p) -> None:
                         "filters (default), softmax only, or its argmax")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's own generation")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampling", action="store_true",
+                   help="only time sampling per verified row at --vocab (no model): the dense "
+                        "path against the compact top-k one")
+    p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
+
+
+def _run_sampling(args) -> int:
+    from engine import SamplingParams
+    from engine.bench import sampling_cost
+
+    params = SamplingParams(temperature=args.temperature or 0.6, top_p=args.top_p,
+                            top_k=args.top_k)
+    result = sampling_cost(vocab=args.vocab, params=params, repeats=max(args.repeats, 5))
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"sampling one verified row, V={args.vocab}, temperature {params.temperature}, "
+          f"top-p {params.top_p}, top-k {params.top_k} (median of {max(args.repeats, 5)})")
+    for name, ms in result["ms_per_row"].items():
+        print(f"{name:>8} {ms:8.3f} ms/row")
+    return 0
 
 
 def run(args) -> int:
+    if args.sampling:
+        return _run_sampling(args)
     from engine import SamplingParams, default_model_path, load
     from engine.bench import load_prompt_sets, mixed_prompt_sets, run_bench
     from engine.commands.generate import parse_depth

@@ -11,6 +11,7 @@ import pytest
 import engine
 from engine import SamplingParams
 from engine import sampling
+from engine.candidates import Candidates
 from engine.drafters import DraftRequest, MTPDrafter, ReplayDrafter
 from engine.errors import GenerationError, PromptTooLongError
 from engine.session import Session
@@ -265,7 +266,11 @@ def test_draft_modes_draw_from_the_q_they_report(tiny_model, mode):
     if mode == "argmax":
         assert proposal.q is None
         return
-    q = np.array(proposal.q)
+    q = proposal.q
+    if mode == "filtered":  # top-k drafts report the compact form (engine.candidates)
+        assert isinstance(q, Candidates) and q.ids.shape == (3, 5)
+        q = q.dense(tiny_model.info.vocab_size)
+    q = np.array(q)
     assert q.shape == (3, tiny_model.info.vocab_size)
     np.testing.assert_allclose(q.sum(axis=1), 1.0, atol=1e-5)
     assert all(q[j, d] > 0 for j, d in enumerate(drafts))
