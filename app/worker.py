@@ -296,7 +296,8 @@ class Worker(QObject):
         def progress(done: int, total: int, message: str) -> None:
             self.tune_progress.emit(int(done), int(total), str(message))
 
-        result = tuner.tune(self._model, progress=progress, cancel=self._tune_cancel)
+        result = tuner.tune(self._model, depths=tuner.DEPTHS, progress=progress,
+                            cancel=self._tune_cancel)  # the same depths as `engine tune`
         self.tune_finished.emit(result)
 
     @staticmethod

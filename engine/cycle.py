@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import candidates, sampling
+from engine import candidates, grammar, sampling
 from engine.drafters import Drafter, DraftRequest, Proposal
+from engine.grammar import Constraint
 from engine.reply import Reply
 from engine.session import Session, Verified
 from engine.types import CycleStats, Event, SamplingParams
@@ -43,6 +44,7 @@ class Row:
     reply: Reply
     params: SamplingParams
     keys: Iterator[mx.array]  # a fresh random key per use, in a fixed order (seeded)
+    constraint: Constraint | None = None  # structured output (``engine.grammar``)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def draft(row: Row, x0: int, k: int, reason: str, *, profile: bool = False) -> D
     if k > 0:
         request = DraftRequest(x0=x0, k=k, generated=row.reply.generated, params=row.params,
                                counts=row.reply.counts,
-                               key=None if row.params.greedy else next(row.keys))
+                               key=None if row.params.greedy else next(row.keys),
+                               allowed=row.constraint.allowed if row.constraint else None)
         proposal = row.drafter.draft(request)
         (mx.eval if profile else mx.async_eval)(proposal.tokens)
     return Draft(x0=x0, k=k, reason=reason, proposal=proposal, t0=t0,
@@ -105,20 +108,23 @@ def accept(row: Row, d: Draft, ver: Verified, *, key: mx.array | None = None,
     params, counts = row.params, row.reply.counts
     drafts = d.proposal.tokens if d.proposal else mx.zeros((0,), dtype=mx.int32)
     rows = None if counts is None else sampling.history_counts(counts, drafts)
+    logits = ver.logits
+    if row.constraint is not None:  # every verified row under the grammar after its drafts
+        logits = grammar.masked(logits, row.constraint.allowed_rows(drafts.tolist()))
     if params.greedy:
-        target = sampling.argmax_tokens(ver.logits, params, rows)
+        target = sampling.argmax_tokens(logits, params, rows)
         return Verdict(*sampling.accept_greedy(target, drafts))
     key = next(row.keys) if key is None else key
     q = d.proposal.q if d.proposal else None
-    vocab = ver.logits.shape[-1]
-    if not dense and candidates.applies(params, vocab, ver.logits.dtype) and \
+    vocab = logits.shape[-1]
+    if not dense and candidates.applies(params, vocab, logits.dtype) and \
             (q is None or isinstance(q, candidates.Candidates)):
-        p = candidates.build(ver.logits, params, rows)
+        p = candidates.build(logits, params, rows)
         n, extra = candidates.accept_sampled(p, q, drafts, key)
         return Verdict(n, extra, exact=mx.all(p.exact), key=key)
     if isinstance(q, candidates.Candidates):
         q = q.dense(vocab)
-    p = sampling.build_probs(ver.logits, params, rows)
+    p = sampling.build_probs(logits, params, rows)
     return Verdict(*sampling.accept_sampled(p, q, drafts, key), key=key)
 
 
@@ -152,6 +158,8 @@ def complete(row: Row, d: Draft, *, profile: bool = False) -> tuple[Event, int]:
     n, extra, drafted = _sync(row, d, ver, verdict)
     t4 = time.perf_counter()
     tokens, reason = row.reply.cut(drafted[:n] + [extra])
+    if row.constraint is not None:
+        row.constraint.advance(tokens)
     keep = min(n, len(tokens))  # an EOS among the accepted drafts ends the reply there
     commit(row, d, ver, drafted, keep)
     if profile:

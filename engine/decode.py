@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import candidates, cycle, sampling, store
+from engine import candidates, cycle, grammar, sampling, store
 from engine.adaptive import AdaptiveDepth, carry_over
 from engine.drafters import Drafter, MTPDrafter
 from engine.errors import GenerationError, PromptTooLongError
+from engine.grammar import Constraint
 from engine.reply import Reply
 from engine.session import Session
 from engine.types import (
@@ -95,10 +96,13 @@ def check_request(model, prompt: list[int], *, max_tokens, depth, sampling, stop
 def generate(model, prompt_ids: Sequence[int], *, max_tokens: int, depth,
              sampling: SamplingParams, seed: int | None, cancel: threading.Event | None,
              stop_strings: tuple[str, ...], drafter: Drafter | None = None,
-             draft_mode: DraftMode = "filtered", profile: bool = False) -> Iterator[Event]:
+             draft_mode: DraftMode = "filtered", profile: bool = False,
+             constraint: Constraint | None = None) -> Iterator[Event]:
     """Check every argument now (raising ``GenerationError``), then return the event stream.
     ``drafter`` replaces the MTP head (e.g. ``ReplayDrafter``); ``draft_mode`` is the MTP
-    head's draft policy (``engine.drafters``); ``profile`` synchronises after every phase."""
+    head's draft policy (``engine.drafters``); ``profile`` synchronises after every phase;
+    ``constraint`` (``engine.grammar``, one per reply) masks every token drawn — the target
+    rows and the drafts alike, so speculative output equals constrained plain decoding."""
     prompt = check_prompt(model, prompt_ids)
     budget = check_request(model, prompt, max_tokens=max_tokens, depth=depth,
                            sampling=sampling, stop_strings=stop_strings, drafter=drafter,
@@ -108,12 +112,13 @@ def generate(model, prompt_ids: Sequence[int], *, max_tokens: int, depth,
                   penalties=sampling.presence_penalty != 0 or sampling.frequency_penalty != 0,
                   cancel=cancel)
     return _stream(model, prompt, reply, depth=depth, params=sampling, seed=seed,
-                   drafter=drafter, draft_mode=draft_mode, profile=profile)
+                   drafter=drafter, draft_mode=draft_mode, profile=profile,
+                   constraint=constraint)
 
 
 def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingParams,
             seed: int | None, drafter: Drafter | None, draft_mode: DraftMode,
-            profile: bool) -> Iterator[Event]:
+            profile: bool, constraint: Constraint | None) -> Iterator[Event]:
     t_start = time.perf_counter()
     speculate = depth != 0 or drafter is not None
     session, reused = _session_for(model, prompt, model.mtp is not None and drafter is None
@@ -121,18 +126,21 @@ def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingPa
     if reused < len(prompt):
         session.prefill(prompt[reused:])
     keys = _keys(seed)
-    x0 = _first(session, params, reply.counts, next(keys))
+    x0 = _first(session, params, reply.counts, next(keys), constraint)
     model.prompt_cache.keep(session.snapshot())
     prefill = PrefillStats(prompt_tokens=len(prompt), reused_tokens=reused,
                            seconds=time.perf_counter() - t_start)
-    first = reply.emit(*reply.cut([x0]), prefill=prefill)
+    first = reply.emit(*_cut(reply, [x0], constraint), prefill=prefill)
     try:
         yield first
-        if first.finish_reason is None and not speculate:
+        if first.finish_reason is None and not speculate and constraint is not None:
+            yield from run_plain_constrained(session, reply, params, keys, x0, constraint)
+        elif first.finish_reason is None and not speculate:
             yield from run_plain(session, reply, params, keys, x0)
         elif first.finish_reason is None:
             row = cycle.Row(session=session, reply=reply, params=params, keys=keys,
-                            drafter=drafter or MTPDrafter(session, mode=draft_mode))
+                            drafter=drafter or MTPDrafter(session, mode=draft_mode),
+                            constraint=constraint)
             controller = _controller(model, drafter) if depth == "auto" else None
             yield from run_speculative(row, x0, depth, controller, profile=profile)
     except GeneratorExit:  # the consumer closed the reply early: its state is still whole
@@ -161,12 +169,28 @@ def _pick(logits: mx.array, params: SamplingParams, counts, key, *,
     return sampling.sample(sampling.build_probs(logits, params, c), key)[0], None
 
 
-def _first(session: Session, params: SamplingParams, counts, key) -> int:
-    """The first token, from the prompt's last logits."""
-    y, exact = _pick(session.last_logits, params, counts, key)
+def _first(session: Session, params: SamplingParams, counts, key,
+           constraint: Constraint | None = None) -> int:
+    """The first token, from the prompt's last logits (masked by ``constraint``)."""
+    return _draw(session.last_logits, params, counts, key, constraint)
+
+
+def _draw(logits: mx.array, params: SamplingParams, counts, key,
+          constraint: Constraint | None) -> int:
+    """One token on the host, exactly as plain decoding draws it (one sync)."""
+    if constraint is not None:
+        logits = grammar.masked(logits, constraint.allowed())
+    y, exact = _pick(logits, params, counts, key)
     if exact is not None and not exact.item():
-        y, _ = _pick(session.last_logits, params, counts, key, dense=True)
+        y, _ = _pick(logits, params, counts, key, dense=True)
     return int(y.item())
+
+
+def _cut(reply: Reply, tokens: list[int], constraint: Constraint | None):
+    tokens, reason = reply.cut(tokens)
+    if constraint is not None:
+        constraint.advance(tokens)
+    return tokens, reason
 
 
 def _keys(seed: int | None) -> Iterator[mx.array]:
@@ -251,6 +275,34 @@ def run_plain(session: Session, reply: Reply, params: SamplingParams,
             mx.eval(nxt.y)
             return
         cur = nxt
+
+
+def run_plain_constrained(session: Session, reply: Reply, params: SamplingParams,
+                          keys: Iterator[mx.array], x0: int,
+                          constraint: Constraint) -> Iterator[Event]:
+    """Depth 0 under a grammar: not pipelined (the next token's mask needs this token)."""
+    x, t_prev = x0, time.perf_counter()
+    while True:
+        if reply.cancelled:
+            yield reply.cancel_event()
+            return
+        logits = session.step_plain(mx.array([x]))
+        session.confirm(x)
+        t_queued = time.perf_counter()
+        tok = _draw(logits, params, reply.counts, None if params.greedy else next(keys),
+                    constraint)
+        now = time.perf_counter()
+        tokens, reason = _cut(reply, [tok], constraint)
+        stats = CycleStats(
+            index=reply.next_cycle(), depth=0, drafted=(), accepted=0, emitted=tuple(tokens),
+            from_draft=(False,) * len(tokens), extra_kind="plain", t_verify=t_queued - t_prev,
+            t_sync=now - t_queued, t_total=now - t_prev, context_tokens=len(session.fed))
+        t_prev = now
+        ev = reply.emit(tokens, reason, stats=stats)
+        yield ev
+        if ev.finish_reason is not None:
+            return
+        x = tok
 
 
 def run_speculative(row: cycle.Row, x0: int, depth, controller: AdaptiveDepth | None, *,

@@ -19,13 +19,14 @@ decoding always drafts the argmax.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
+import numpy as np
 
-from engine import candidates, sampling
+from engine import candidates, grammar, sampling
 from engine.errors import GenerationError
 from engine.types import DRAFT_MODES, DraftMode, SamplingParams
 
@@ -41,6 +42,9 @@ class DraftRequest:
     params: SamplingParams
     counts: mx.array | None       # [V] penalty counts of ``generated`` (None: no penalties)
     key: mx.array | None          # this cycle's draft key (None when greedy)
+    # structured output: ``allowed(drafts so far) -> [V] bool`` (``engine.grammar``); each
+    # draft is then drawn from the masked distribution (and synchronised, to mask the next)
+    allowed: Callable[[Sequence[int]], np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,11 @@ class MTPDrafter:
         drafts: list[mx.array] = []
         qs: list[mx.array] = []
         keys = sampling.split_key(request.key, k) if not params.greedy else [None] * k
+        host: list[int] = []  # the drafts so far, on the host (only for structured output)
         for j in range(k):
             logits = s.logits(out[:, -1])  # [1, V]
+            if request.allowed is not None:
+                logits = grammar.masked(logits, request.allowed(host))
             row_counts = None
             if counts is not None:
                 row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
@@ -104,6 +111,8 @@ class MTPDrafter:
             if q is not None:
                 qs.append(q)
             drafts.append(d)
+            if request.allowed is not None:
+                host.append(int(d.item()))
             if j + 1 < k:
                 out = s.mtp_next(out, d)
         return Proposal(tokens=mx.stack(drafts), q=_stack(qs))

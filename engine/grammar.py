@@ -34,7 +34,9 @@ def _ll_tokenizer(tokenizer, vocab_size: int, eos: int):
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
 
 
-def _grammar(response_format: dict) -> str | None:
+def compile_format(response_format: dict) -> str | None:
+    """The llguidance grammar for an OpenAI ``response_format`` (None for text); raises
+    ``GenerationError`` for a format or schema that cannot be used."""
     import llguidance
 
     if not isinstance(response_format, dict):
@@ -52,6 +54,10 @@ def _grammar(response_format: dict) -> str | None:
     else:
         raise GenerationError(f"response_format type {kind!r} is not supported: use text, "
                               "json_object or json_schema.")
+    # One space after ':' and ',' and none elsewhere: with free whitespace a small model can
+    # pad forever (every space is valid JSON); the document is still any valid instance.
+    schema = {**schema, "x-guidance": {"whitespace_flexible": False, "key_separator": ": ",
+                                       "item_separator": ", ", **schema.get("x-guidance", {})}}
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -61,16 +67,17 @@ def _grammar(response_format: dict) -> str | None:
 class Constraint:
     """The grammar state of one reply (see the module docstring)."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, eos: int) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
+        self.eos = eos
 
     @classmethod
     def for_format(cls, tokenizer, response_format: dict, *, vocab_size: int,
                    eos_ids: Sequence[int]) -> Constraint | None:
         import llguidance
 
-        grammar = _grammar(response_format)
+        grammar = compile_format(response_format)
         if grammar is None:
             return None
         if not eos_ids:
@@ -79,7 +86,7 @@ class Constraint:
         matcher = llguidance.LLMatcher(lt, grammar)
         if matcher.is_error():
             raise GenerationError(f"The JSON schema cannot be used: {matcher.get_error()}")
-        return cls(matcher, vocab_size)
+        return cls(matcher, vocab_size, int(eos_ids[0]))
 
     def _mask(self) -> np.ndarray:
         words = np.frombuffer(self._m.compute_bitmask(), dtype="<u4")
@@ -95,8 +102,8 @@ class Constraint:
         rows repeat the last valid one (they cannot be reached: that draft is rejected)."""
         rows, consumed = [self._mask()], 0
         for t in drafts:  # check before consuming: a refused token would stop the matcher
-            if not rows[-1][int(t)] or not self._m.consume_token(int(t)):
-                break
+            if self._m.is_stopped() or not rows[-1][int(t)] or not self._m.consume_token(int(t)):
+                break  # (once complete only EOS may follow: the last row says so)
             consumed += 1
             rows.append(self._mask())
         if consumed:
@@ -106,14 +113,26 @@ class Constraint:
         return np.stack(rows)
 
     def advance(self, tokens: Sequence[int]) -> None:
-        tokens = [int(t) for t in tokens]
-        if self._m.is_stopped() or not tokens:
-            return
-        ok = self._m.validate_tokens(tokens)
-        if ok < len(tokens):
-            raise GenerationError(f"token {tokens[ok]} does not follow the grammar")
-        self._m.consume_tokens(tokens)
+        """Commit emitted tokens; once the grammar is complete the rest (EOS) is not checked."""
+        for t in (int(t) for t in tokens):
+            if self._m.is_stopped():
+                return
+            ends = t == self.eos and self._m.is_accepting()  # EOS is consumed, not validated
+            if not ends and self._m.validate_tokens([t]) != 1:
+                raise GenerationError(f"token {t} does not follow the grammar")
+            self._m.consume_token(t)
 
     @property
     def finished(self) -> bool:
         return bool(self._m.is_stopped())
+
+
+def masked(logits, allowed: np.ndarray):
+    """``logits`` ([1, V] or [R, V], MLX) with every token ``allowed`` ([V] or [R, V]) does not
+    permit set to -inf: softmax then gives them probability 0, argmax never picks them."""
+    import mlx.core as mx
+
+    keep = mx.array(allowed)
+    if keep.ndim == 1:
+        keep = keep[None]
+    return mx.where(keep, logits, mx.array(-float("inf"), dtype=logits.dtype))

@@ -14,6 +14,7 @@ from pathlib import Path
 from engine import decode, loading
 from engine.adaptive import AdaptiveDepth
 from engine.drafters import Drafter
+from engine.grammar import Constraint
 from engine.errors import GenerationError, ModelLoadError, UnsupportedModelError
 from engine.session import PromptCache
 from engine.types import MAX_DEPTH, DraftMode, Event, ModelInfo, SamplingParams
@@ -54,13 +55,16 @@ class Model:
                  sampling: SamplingParams | None = None, seed: int | None = None,
                  cancel: threading.Event | None = None, stop_strings: tuple[str, ...] = (),
                  drafter: Drafter | None = None, draft_mode: DraftMode = "filtered",
-                 profile: bool = False) -> Iterator[Event]:
+                 profile: bool = False, constraint: Constraint | None = None) -> Iterator[Event]:
         """Stream events; see ``engine.decode.generate`` for the contract. Every argument is
-        checked here, before anything reaches MLX: a bad one raises ``GenerationError``."""
+        checked here, before anything reaches MLX: a bad one raises ``GenerationError``.
+        ``constraint``: structured output (``engine.grammar.Constraint.for_format``), one per
+        reply."""
         return decode.generate(self, prompt_ids, max_tokens=max_tokens, depth=depth,
                                sampling=SamplingParams() if sampling is None else sampling,
                                seed=seed, cancel=cancel, stop_strings=stop_strings,
-                               drafter=drafter, draft_mode=draft_mode, profile=profile)
+                               drafter=drafter, draft_mode=draft_mode, profile=profile,
+                               constraint=constraint)
 
     def reset_prompt_cache(self) -> None:
         self.prompt_cache = PromptCache()

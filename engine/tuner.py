@@ -49,6 +49,7 @@ PROMPTS: tuple[str, ...] = (
     "Give three tips for staying focused while studying.",
 )
 MARGIN = 0.03  # a depth must beat plain decoding by more than this to be kept
+DEPTHS = (1, 2, 3, 4)  # the depths every tuner tries (the CLI's default and the app's)
 TIE = 0.01  # a lower depth within this of the fastest wins the tie
 
 ProgressFn = Callable[[int, int, str], None]
@@ -127,7 +128,7 @@ class _Tally:
         return summarize_cycles(self.cycles)
 
 
-def tune(model, *, depths: Sequence[int] = (1, 2, 3, 4), prompts: Sequence[str] | None = None,
+def tune(model, *, depths: Sequence[int] = DEPTHS, prompts: Sequence[str] | None = None,
          repeats: int = 3, max_tokens: int = 96, sampling: SamplingParams | None = None,
          progress: ProgressFn | None = None, cancel: threading.Event | None = None,
          save: bool = True, margin: float = MARGIN, warmup: bool = True,

@@ -5,12 +5,16 @@ import json
 import sys
 import threading
 
+from engine.tuner import DEPTHS
+
 HELP = "measure depth 0 against depths 1..N on this machine and save the fastest (if any wins)"
 
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="model directory (default: the demo model)")
-    p.add_argument("--depths", default="1,2,3", help="comma-separated depths to try (default 1,2,3)")
+    default = ",".join(map(str, DEPTHS))
+    p.add_argument("--depths", default=default,
+                   help=f"comma-separated depths to try (default {default}, as the app's tuner)")
     p.add_argument("--repeats", type=int, default=3, help="runs per prompt and depth (median)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per run")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -15,13 +15,15 @@ Contract (SERVER.md; otherwise what the official ``anthropic`` client expects):
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.server import sse
 from engine.server.common import Backend, Generation, mtp_headers, mtp_stats, new_id
 from engine.server.errors import bad_request
-from engine.server.openai_api import check_response_format, gen_request, read_json
+from engine.server.openai_api import gen_request, read_json, response_format_of
 from engine.server.reply import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
 from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
@@ -122,10 +124,10 @@ def thinking_flag(body: dict) -> bool | None:
     return {"enabled": True, "disabled": False}.get(kind)
 
 
-async def _prepare(backend: Backend, body: dict):
+async def _prepare(backend: Backend, body: dict, *, thinking_off: bool = False):
     messages = template_messages(body)
     tools = tools_of(body)
-    thinking = thinking_flag(body)
+    thinking = False if thinking_off else thinking_flag(body)
 
     def render(m):
         ids = chat_prompt_ids(m, messages, tools=tools, enable_thinking=thinking)
@@ -151,9 +153,10 @@ async def messages(request: Request):
     model = backend.resolve_model(body.get("model"))
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens: field required", "max_tokens")
-    check_response_format(body, "output_format")
-    ids, opened, tools = await _prepare(backend, body)
-    req = gen_request(backend, body, ids, stop_key="stop_sequences", max_temperature=1.0)
+    fmt = response_format_of(body, "output_format")
+    ids, opened, tools = await _prepare(backend, body, thinking_off=fmt is not None)
+    req = replace(gen_request(backend, body, ids, stop_key="stop_sequences", max_temperature=1.0),
+                  response_format=fmt)
     parser = ReplyParser(opened_think=opened, id_prefix="toolu_",
                          schemas=schemas_of(tools) if tools is not None else None)
     gen = Generation(backend, req)

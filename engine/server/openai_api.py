@@ -8,8 +8,11 @@ Contract (SERVER.md; where it is silent, what the official ``openai`` client exp
   ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``, ``tools`` /
   ``tool_choice``, ``n`` (1 only), the ``mtp`` extension (``{"depth": "auto"|0..6}``) and a
   thinking switch (``chat_template_kwargs.enable_thinking`` or top-level ``enable_thinking``,
-  or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format`` of type
-  ``json_object`` / ``json_schema`` is refused with 400 until grammar masks land.
+  or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format``
+  ``json_object`` / ``json_schema`` constrains the reply with a token mask applied to every
+  drawn token, drafts included (``engine.grammar``), so it stays exact under speculation;
+  thinking is off for such a request (the grammar starts at the answer). A schema that
+  cannot be compiled is a 400.
 - Qwen's thinking goes to ``reasoning_content``; tool calls to ``tool_calls`` (streamed as
   deltas: first ``index``/``id``/``type``/``function.name``, then ``arguments`` fragments);
   ``finish_reason`` is ``tool_calls`` only when a call was parsed.
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from engine import grammar
+from engine.errors import GenerationError
 from engine.server import sse
 from engine.server.common import (
     Backend, Generation, mtp_headers, mtp_stats, new_id, number, sampling_from, seed_of,
@@ -129,14 +135,20 @@ def tools_of(body: dict) -> list[dict] | None:
     return [{"type": "function", "function": t["function"]} for t in tools]
 
 
-def check_response_format(body: dict, key: str = "response_format") -> None:
+def response_format_of(body: dict, key: str = "response_format") -> dict | None:
+    """The request's structured-output format in OpenAI's shape (None: plain text), checked
+    now so a bad schema is a 400. Anthropic's ``output_format: {type: json_schema, schema}``
+    is accepted too. The constraint masks every drawn token, speculation included."""
     rf = body.get(key)
-    kind = rf.get("type") if isinstance(rf, dict) else rf
-    if kind in (None, "text"):
-        return
-    raise ApiError(400, f"{key} {kind!r} is not supported yet: structured output needs "
-                        "grammar masks inside the speculative cycle, which are still being "
-                        "built. Ask for plain text.", param=key, code="unsupported_parameter")
+    if rf is None:
+        return None
+    if isinstance(rf, dict) and rf.get("type") == "json_schema" and "schema" in rf \
+            and "json_schema" not in rf:
+        rf = {"type": "json_schema", "json_schema": {"schema": rf["schema"]}}
+    try:
+        return rf if grammar.compile_format(rf) is not None else None
+    except GenerationError as exc:
+        raise ApiError(400, f"{key}: {exc}", param=key) from None
 
 
 def thinking_flag(body: dict) -> bool | None:
@@ -196,15 +208,15 @@ async def chat_completions(request: Request):
     model = backend.resolve_model(body.get("model"))
     messages = template_messages(body.get("messages"))
     tools = tools_of(body)
-    check_response_format(body)
-    thinking = thinking_flag(body)
+    fmt = response_format_of(body)
+    thinking = False if fmt else thinking_flag(body)  # the grammar starts at the answer
 
     def render(m):
         ids = chat_prompt_ids(m, messages, tools=tools, enable_thinking=thinking)
         return ids, prompt_opens_think(m, ids)
 
     ids, opened = await backend.tokenize(render)
-    req = gen_request(backend, body, ids)
+    req = replace(gen_request(backend, body, ids), response_format=fmt)
     parser = ReplyParser(opened_think=opened,
                          schemas=schemas_of(tools) if tools is not None else None)
     gen = Generation(backend, req)
@@ -298,8 +310,8 @@ async def completions(request: Request):
         ids = await backend.tokenize(lambda m: text_prompt_ids(m, prompt))
     else:
         raise bad_request("prompt must be a non-empty string (or a list of token ids)", "prompt")
-    check_response_format(body)
-    req = gen_request(backend, body, ids, max_key="max_tokens")
+    fmt = response_format_of(body)
+    req = replace(gen_request(backend, body, ids, max_key="max_tokens"), response_format=fmt)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         req = _with_max(req, 16)  # OpenAI's legacy default
     gen = Generation(backend, req)
@@ -319,8 +331,6 @@ async def completions(request: Request):
 
 
 def _with_max(req: GenRequest, n: int) -> GenRequest:
-    from dataclasses import replace
-
     return replace(req, max_tokens=n)
 
 

@@ -83,6 +83,8 @@ class GenRequest:
     # ``render(model) -> prompt ids``, called on the worker when the request starts (or None:
     # ``prompt_ids`` are final).
     render: Callable[[object], list[int]] | None = field(default=None, compare=False)
+    # structured output: an OpenAI-style ``response_format`` (``engine.grammar``), or None
+    response_format: dict | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,8 @@ class Scheduler:
             ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
             gen = model.generate(  # type: ignore[union-attr]
                 ids, max_tokens=req.max_tokens, depth=req.depth, sampling=req.sampling,
-                seed=req.seed, cancel=req.cancel, stop_strings=req.stop_strings)
+                seed=req.seed, cancel=req.cancel, stop_strings=req.stop_strings,
+                **_constraint_kw(model, req.response_format))
         while True:
             with self._tok_lock:
                 ev = next(gen, None)
@@ -314,6 +317,17 @@ class Scheduler:
                 return
             tally.add(ev)
             _safe(sink, ev)
+
+
+def _constraint_kw(model, response_format: dict | None) -> dict:
+    """``constraint=`` for ``Model.generate`` when the request asks for structured output."""
+    if not response_format:
+        return {}
+    from engine.grammar import Constraint
+
+    return {"constraint": Constraint.for_format(
+        model.tokenizer, response_format, vocab_size=model.info.vocab_size,
+        eos_ids=model.info.eos_token_ids)}
 
 
 def _expected(exc: BaseException) -> bool:

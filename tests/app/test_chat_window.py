@@ -434,7 +434,7 @@ def test_view_menu_opens_the_other_windows(qtbot, win):
 def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypatch):
     from engine import tuner
 
-    def fake_tune(model, *, progress, cancel):
+    def fake_tune(model, *, depths, progress, cancel):
         progress(1, 2, "depth 0")
         progress(2, 2, "depth 1")
         return {"best_depth": 1}

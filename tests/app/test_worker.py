@@ -198,7 +198,8 @@ def test_tune_reports_progress_then_result(qtbot, env, monkeypatch):
     worker, _fake, relay = env
     from engine import tuner
 
-    def fake_tune(model, *, progress, cancel):
+    def fake_tune(model, *, depths, progress, cancel):
+        assert depths == tuner.DEPTHS  # the same depths as `engine tune` (one tuner)
         for i in range(3):
             progress(i + 1, 3, f"step {i + 1}")
         return {"best_depth": 2, "model": model.info.name}
@@ -215,7 +216,7 @@ def test_tune_error_becomes_tune_failed(qtbot, env, monkeypatch):
     worker, _fake, relay = env
     from engine import tuner
 
-    def broken(model, *, progress, cancel):
+    def broken(model, *, depths, progress, cancel):
         raise GenerationError("This model has no MTP head.")
 
     monkeypatch.setattr(tuner, "tune", broken)

@@ -74,3 +74,52 @@ def test_json_object_accepts_nested_documents(demo):
     ids = demo.tokenizer.encode(doc, add_special_tokens=False)
     rows = c.allowed_rows(ids)
     assert all(rows[i][t] for i, t in enumerate(ids))
+
+
+BOUNDED = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "tag"],
+           "properties": {"ok": {"type": "boolean"},
+                          "n": {"type": "integer", "minimum": 0, "maximum": 999},
+                          "tag": {"type": "string", "maxLength": 12}}}
+
+
+def _valid(doc: dict) -> bool:
+    return (set(doc) == {"ok", "n", "tag"} and isinstance(doc["ok"], bool)
+            and isinstance(doc["n"], int) and 0 <= doc["n"] <= 999
+            and isinstance(doc["tag"], str) and len(doc["tag"]) <= 12)
+
+
+def _run(demo, depth, **kw):
+    ids = demo.chat_ids([{"role": "user", "content": "What does `os.path.join` do?"}],
+                        enable_thinking=False)
+    c = _constraint(demo, {"type": "json_schema", "json_schema": {"schema": BOUNDED}})
+    demo.reset_prompt_cache()
+    toks, text, reason = [], "", None
+    for ev in demo.generate(ids, max_tokens=96, depth=depth, constraint=c, **kw):
+        toks += ev.token_ids
+        text += ev.text
+        reason = ev.finish_reason or reason
+    return toks, text, reason
+
+
+def test_greedy_constrained_speculation_equals_constrained_plain_decoding(demo):
+    plain, text, reason = _run(demo, 0)
+    assert reason == "stop" and _valid(json.loads(text)), text
+    for depth in (1, 2, 3, "auto"):
+        assert _run(demo, depth)[0] == plain, depth
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_sampled_constrained_output_always_validates(demo, depth):
+    from engine.types import SamplingParams
+
+    for seed in range(6):
+        _toks, text, reason = _run(demo, depth, seed=seed,
+                                   sampling=SamplingParams(temperature=0.9, top_p=0.95, top_k=20))
+        assert reason == "stop" and _valid(json.loads(text)), (seed, text)
+
+
+def test_seeded_sampling_with_a_constraint_is_the_same_at_depth_0_each_time(demo):
+    from engine.types import SamplingParams
+
+    params = SamplingParams(temperature=0.8)
+    assert _run(demo, 0, seed=11, sampling=params)[0] == _run(demo, 0, seed=11, sampling=params)[0]

@@ -194,3 +194,18 @@ def test_cli_tune_json_on_a_tiny_model(tiny_dir, home, capsys):
     # a random tiny model's drafts are rejected: saved only if depth 1 really won
     assert out["saved"] == (out["best_depth"] == 1)
     assert (store.read_tuned_depth(str(tiny_dir)) is not None) == out["saved"]
+
+
+def test_the_cli_and_the_app_tune_the_same_depths():
+    """One tuner, one set of depths, one saved result (`engine tune` and the app's button)."""
+    import argparse
+    import inspect as pyinspect
+
+    from engine import tuner
+    from engine.commands import tune as tune_cmd
+
+    p = argparse.ArgumentParser()
+    tune_cmd.add_arguments(p)
+    assert tune_cmd._depths(p.parse_args([]).depths) == tuner.DEPTHS
+    assert pyinspect.signature(tuner.tune).parameters["depths"].default == tuner.DEPTHS
+    # (the app's worker passes tuner.DEPTHS: tests/app/test_worker.py checks it)

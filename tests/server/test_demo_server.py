@@ -96,6 +96,37 @@ def test_depth_zero_and_auto_and_two_give_identical_greedy_text(oai):
     assert texts[0] == texts["auto"] == texts[2]
 
 
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "tag"],
+          "properties": {"ok": {"type": "boolean"},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "tag": {"type": "string", "maxLength": 12}}}
+
+
+def _valid(doc: dict) -> bool:
+    return (set(doc) == {"ok", "n", "tag"} and isinstance(doc["ok"], bool)
+            and isinstance(doc["n"], int) and 0 <= doc["n"] <= 999 and len(doc["tag"]) <= 12)
+
+
+def test_structured_output_validates_and_speculation_does_not_change_it(oai):
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
+    texts = {}
+    for d in (0, 2):
+        r = _chat(oai, max_tokens=96, response_format=fmt, extra={"mtp": {"depth": d}})
+        texts[d] = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop" and _valid(json.loads(texts[d])), texts[d]
+    assert texts[0] == texts[2]
+    for seed in range(3):  # sampled, speculating: still valid every time
+        r = oai.chat.completions.create(
+            model="mtp-demo-qwen3_5", temperature=0.9, seed=seed, max_tokens=96,
+            messages=[{"role": "user", "content": Q}], response_format=fmt,
+            extra_body={"mtp": {"depth": 2}})
+        assert _valid(json.loads(r.choices[0].message.content)), r.choices[0].message.content
+    obj = _chat(oai, max_tokens=96, response_format={"type": "json_object"}).choices[0]
+    assert obj.message.content.startswith("{")  # unconstrained, this reply is prose
+    if obj.finish_reason == "stop":  # (the tiny model may run out of tokens inside a string)
+        assert isinstance(json.loads(obj.message.content), dict)
+
+
 def test_stop_sequences(oai, anth, reference):
     ids = reference.chat_ids([{"role": "user", "content": Q}], enable_thinking=False)
     text, _, _ = greedy(reference, ids, max_tokens=48)

@@ -194,8 +194,11 @@ def test_disconnect_mid_stream_cancels_within_a_cycle(served):
      400, "temperature"),
     (json.dumps({"mtp": {"depth": 9}, "messages": [{"role": "user", "content": "x"}]}).encode(),
      400, "mtp.depth"),
-    (json.dumps({"response_format": {"type": "json_object"},
+    (json.dumps({"response_format": {"type": "yaml"},
                  "messages": [{"role": "user", "content": "x"}]}).encode(), 400, "not supported"),
+    (json.dumps({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}},
+                 "messages": [{"role": "user", "content": "x"}]}).encode(), 400,
+     "must be a JSON schema"),
 ])
 def test_bad_openai_requests(served, body, status, where):
     r = httpx.post(served[1].url + "/v1/chat/completions", content=body,
