@@ -6,17 +6,9 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import QRect
 
-from app.fake_engine import FakeModel
 from tests.app.chat_fixtures import make_window, send
 
 pytestmark = pytest.mark.gui
-
-
-@pytest.fixture
-def win(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path, FakeModel(tokens_per_second=20000))
-    yield w
-    w.close()
 
 
 def test_every_window_fits_a_1280x800_screen(qtbot, win, monkeypatch):

@@ -7,17 +7,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from app.fake_engine import FakeModel
-from tests.app.chat_fixtures import make_window, send
+from tests.app.chat_fixtures import send
 
 pytestmark = pytest.mark.gui
-
-
-@pytest.fixture
-def win(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path, FakeModel(tokens_per_second=20000))
-    yield w
-    w.close()
 
 
 def test_export_to_a_missing_folder_shows_a_dialog(qtbot, win, tmp_path):

@@ -6,17 +6,9 @@ import pytest
 from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QApplication
 
-from app.fake_engine import FakeModel
-from tests.app.chat_fixtures import make_window, send
+from tests.app.chat_fixtures import send
 
 pytestmark = pytest.mark.gui
-
-
-@pytest.fixture
-def win(qtbot, tmp_path):
-    w = make_window(qtbot, tmp_path, FakeModel(tokens_per_second=20000))
-    yield w
-    w.close()
 
 
 def _inside(widget, area) -> bool:
