@@ -15,7 +15,7 @@ from engine import decode, loading
 from engine.adaptive import AdaptiveDepth
 from engine.drafters import Drafter
 from engine.grammar import Constraint
-from engine.errors import GenerationError, ModelLoadError, UnsupportedModelError
+from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.session import PromptCache
 from engine.types import MAX_DEPTH, DraftMode, Event, ModelInfo, SamplingParams
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import warnings
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
