@@ -160,12 +160,13 @@ class DiskPromptCache:
         for snap in snaps:
             if snap is None or len(snap.fed) < self.min_tokens or snap.last_logits is None:
                 continue
-            name = self._entry_name(snap.fed)
+            name = self._entry_name(snap.fed, snap.mtp_ok)
             if name in seen:
                 continue
             seen.add(name)
-            if (self.dir / f"{name}.json").is_file():
-                _touch(self.dir / f"{name}.json")
+            have = self._stored(snap.fed, snap.mtp_ok)
+            if have is not None:
+                _touch(have)
                 continue
             arrays, meta = encode(snap)
             arrays = {k: mx.contiguous(v) for k, v in arrays.items()}
@@ -273,14 +274,28 @@ class DiskPromptCache:
             _remove_entry(man)
             return None
 
-    def _entry_name(self, tokens) -> str:
-        return hashlib.sha256((self.key + token_hash(tokens)).encode()).hexdigest()[:40]
+    def _entry_name(self, tokens, mtp_ok: bool) -> str:
+        tag = "mtp" if mtp_ok else "trunk"
+        return hashlib.sha256(f"{self.key}{token_hash(tokens)}{tag}".encode()).hexdigest()[:40]
+
+    def _stored(self, tokens, mtp_ok: bool) -> Path | None:
+        """The manifest of an entry as good as a snapshot of ``tokens`` (an entry with the
+        MTP cache serves every depth; one without serves depth 0 only)."""
+        for tag in (True,) if mtp_ok else (True, False):
+            man = self.dir / f"{self._entry_name(tokens, tag)}.json"
+            if man.is_file():
+                return man
+        return None
 
 
 def from_env(path: str, dtype: str, trunk_cache: list, mtp_cache: list | None,
-             *, root: Path | None = None) -> DiskPromptCache | None:
-    """The model's disk cache with the settings of the environment (None: turned off)."""
-    if os.environ.get("MTPCHAT_PROMPT_DISK_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+             *, root: Path | None = None, enabled: bool | None = None) -> DiskPromptCache | None:
+    """The model's disk cache with the settings of the environment (None: turned off);
+    ``enabled`` overrides ``MTPCHAT_PROMPT_DISK_CACHE``."""
+    if enabled is None:
+        enabled = os.environ.get("MTPCHAT_PROMPT_DISK_CACHE", "1").strip().lower() not in (
+            "0", "off", "false", "no")
+    if not enabled:
         return None
     try:
         mb = float(os.environ.get("MTPCHAT_PROMPT_DISK_CACHE_MB", DEFAULT_MB))

@@ -182,3 +182,18 @@ def test_demo_model_resume_from_disk_is_exact(tmp_path, depth):
     model.disk_cache.flush()
     reused, toks = _resumed(model, p, depth)
     assert reused == len(p) and toks == first == _plain(model, p, depth)
+
+
+def test_a_depth0_entry_does_not_stop_an_mtp_one(disk_model):
+    """A depth-0 snapshot has no MTP cache: depth 2 cannot resume from it, so its own
+    snapshot is saved too; after that both depths resume from the MTP one."""
+    p = long_prompt(seed=9)
+    run(disk_model, p, depth=0, max_tokens=2)
+    disk_model.disk_cache.flush()
+    assert _resumed(disk_model, p, 2, max_tokens=2)[0] == 0
+    disk_model.disk_cache.flush()
+    n = len(_entries(disk_model.disk_cache))
+    assert _resumed(disk_model, p, 2, max_tokens=2)[0] == len(p)
+    assert _resumed(disk_model, p, 0, max_tokens=2)[0] == len(p)
+    disk_model.disk_cache.flush()
+    assert len(_entries(disk_model.disk_cache)) == n
