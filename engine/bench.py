@@ -86,6 +86,7 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
               draft_mode: DraftMode = "filtered", progress=None) -> dict:
     """Returns {"classes": {cls: {label: {...}}}, ...} with median tok/s. ``draft_mode`` is
     the MTP head's draft policy (``engine.drafters``)."""
+    model.disk_cache = None  # every run prefills (the disk prompt cache would skip it)
     encoded = {c: [model.chat_ids([{"role": "user", "content": p}]) if chat else
                    list(model.tokenizer.encode(p, add_special_tokens=False)) for p in ps]
                for c, ps in prompts.items()}

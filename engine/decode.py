@@ -1,7 +1,7 @@
 """``Model.generate``: plain decoding (depth 0) and MTP speculative decoding (depth k / auto).
 
 Request → checks (every argument, before anything reaches MLX) → a ``Session`` resumed from
-the prompt cache or freshly prefilled → the first token → decode loop → events. The reply
+the prompt cache (in memory, then on disk: ``engine.diskcache``) or freshly prefilled → the first token → decode loop → events. The reply
 (``engine.reply.Reply``) finishes and emits for both loops; the speculative loop runs the
 cycle functions of ``engine.cycle`` (draft → verify → accept → commit). Depth never depends on
 the future, so output is exact at every depth.
@@ -127,7 +127,8 @@ def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingPa
         session.prefill(prompt[reused:])
     keys = _keys(seed)
     x0 = _first(session, params, reply.counts, next(keys), constraint)
-    model.prompt_cache.keep(session.snapshot())
+    after_prompt = session.snapshot()
+    model.prompt_cache.keep(after_prompt)
     prefill = PrefillStats(prompt_tokens=len(prompt), reused_tokens=reused,
                            seconds=time.perf_counter() - t_start)
     first = reply.emit(*_cut(reply, [x0], constraint), prefill=prefill)
@@ -144,14 +145,34 @@ def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingPa
             controller = _controller(model, drafter) if depth == "auto" else None
             yield from run_speculative(row, x0, depth, controller, profile=profile)
     except GeneratorExit:  # the consumer closed the reply early: its state is still whole
-        model.prompt_cache.keep(session.snapshot())
+        _keep(model, after_prompt, session.snapshot())
         raise
-    model.prompt_cache.keep(session.snapshot())
+    _keep(model, after_prompt, session.snapshot())
+
+
+def _keep(model, after_prompt, at_end) -> None:
+    """Keep the reply's final state in memory; both snapshots go to the disk cache (if on),
+    written in the background once the reply has ended."""
+    model.prompt_cache.keep(at_end)
+    disk = getattr(model, "disk_cache", None)
+    if disk is not None:
+        try:
+            disk.save([after_prompt, at_end])
+        except Exception:  # noqa: BLE001 - the disk cache never costs a reply
+            log.warning("could not save the prompt cache", exc_info=True)
 
 
 def _session_for(model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]:
+    """A session resumed from the longest usable snapshot: in memory first, then on disk
+    (``engine.diskcache``, only for prompts it would have saved); else a fresh one."""
     snap = model.prompt_cache.take(prompt)
-    if snap is not None and (not use_mtp or snap.mtp_ok):
+    if snap is not None and use_mtp and not snap.mtp_ok:
+        snap = None
+    disk = getattr(model, "disk_cache", None)
+    if disk is not None and len(prompt) >= disk.min_tokens:
+        snap = disk.load(prompt, longer_than=len(snap.fed) if snap else 0,
+                         need_mtp=use_mtp) or snap
+    if snap is not None:
         return Session.from_snapshot(model, snap, use_mtp=use_mtp), len(snap.fed)
     return Session.fresh(model, use_mtp=use_mtp), 0
 

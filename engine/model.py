@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine import decode, loading
+from engine import decode, diskcache, loading
 from engine.adaptive import AdaptiveDepth
 from engine.drafters import Drafter
 from engine.grammar import Constraint
@@ -26,7 +26,8 @@ class Model:
     """A loaded model. Not thread-safe: one thread owns it (MLX streams are thread-local).
 
     Besides the weights it keeps what carries from one reply to the next: ``prompt_cache``
-    (decode-state snapshots, so a follow-up turn does not prefill the conversation again) and
+    (decode-state snapshots, so a follow-up turn does not prefill the conversation again),
+    ``disk_cache`` (long prompts' snapshots on disk, ``engine.diskcache``; None when off) and
     ``depth_controller`` (what ``depth="auto"`` has learnt; made by the first such reply).
     """
 
@@ -36,6 +37,7 @@ class Model:
         self.tokenizer = tokenizer
         self.info = info
         self.prompt_cache = PromptCache()
+        self.disk_cache = None        # engine.diskcache.DiskPromptCache | None (set by load)
         self.depth_controller: AdaptiveDepth | None = None
 
     @property
@@ -99,7 +101,11 @@ def load(path: str | Path, *, dtype: str | None = None) -> Model:
     info = _model_info(folder, ckpt, built, tokenizer, dtype)
     log.info("loaded %s (%s, %s layout, %.1fM params, MTP=%s)", info.name, info.family,
              info.layout, info.num_parameters / 1e6, info.has_mtp)
-    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
+    model = Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
+    model.disk_cache = diskcache.from_env(
+        info.path, info.dtype, model.trunk.make_cache(),
+        model.mtp.make_cache() if model.mtp is not None else None)
+    return model
 
 
 _DTYPES = ("float32", "bfloat16", "float16")

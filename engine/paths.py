@@ -4,6 +4,8 @@
   app's ``app.paths.data_dir`` is this same function).
 - ``store_root()``: the model store — an explicit override, else the folder the user chose
   (remembered in ``<data dir>/model_store.json``), else ``<data dir>/models``.
+- ``cache_dir()``: ``$MTPCHAT_HOME/cache``, else platformdirs' user cache dir for "MTPChat"
+  (disposable data: the prompt cache on disk lives under ``cache_dir()/prompt-cache``).
 - ``folder_size(path)``: bytes of the regular files under a folder (symlinked files counted by
   their target; symlinked folders not followed).
 - ``inside(folder, rel)``: a file named by a model's own metadata, refused when it leaves the
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 APP_NAME = "MTPChat"
 SETTINGS_FILE = "model_store.json"
 
-__all__ = ["APP_NAME", "data_dir", "default_model_path", "default_store_root", "folder_size",
+__all__ = ["APP_NAME", "cache_dir", "data_dir", "default_model_path", "default_store_root", "folder_size",
            "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
 
 
@@ -42,6 +44,19 @@ def data_dir() -> Path:
         import platformdirs
 
         p = Path(platformdirs.user_data_dir(APP_NAME, APP_NAME))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def cache_dir() -> Path:
+    """The cache dir (created if needed): what can be deleted at any time."""
+    home = os.environ.get("MTPCHAT_HOME")
+    if home:
+        p = Path(home) / "cache"
+    else:
+        import platformdirs
+
+        p = Path(platformdirs.user_cache_dir(APP_NAME, APP_NAME))
     p.mkdir(parents=True, exist_ok=True)
     return p
 

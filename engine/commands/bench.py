@@ -39,6 +39,15 @@ def add_arguments(p) -> None:
                    help="only time sampling per verified row at --vocab (no model): the dense "
                         "path against the compact top-k one")
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
+    p.add_argument("--context", default=None, metavar="N,N,...",
+                   help="long-context mode: prefill and decode tok/s at each context length "
+                        "(real text repeated to the length), mlx-lm vs depth 0 vs --depths")
+    p.add_argument("--long-max-tokens", default=None, metavar="N,N,...",
+                   help="decode tokens per --context length (default: --max-tokens, halved "
+                        "above 8k tokens)")
+    p.add_argument("--reopen", type=int, default=None, metavar="TOKENS",
+                   help="time to first token of a reopened TOKENS-token chat on a freshly "
+                        "loaded model, with and without the prompt cache on disk")
 
 
 def _run_sampling(args) -> int:
@@ -58,9 +67,77 @@ def _run_sampling(args) -> int:
     return 0
 
 
+def _texts(model, args) -> list[str]:
+    from engine.bench import load_prompt_sets
+
+    if args.prompt:
+        return list(args.prompt)
+    return [p for ps in load_prompt_sets(model, args.prompts).values() for p in ps]
+
+
+def _run_context(args, model, depths) -> int:
+    from engine.longbench import context_bench
+
+    lengths = [int(x) for x in args.context.split(",") if x.strip()]
+    if args.long_max_tokens:
+        budgets = [int(x) for x in args.long_max_tokens.split(",")]
+        max_tokens = dict(zip(lengths, budgets + budgets[-1:] * len(lengths)))
+    else:
+        max_tokens = {n: args.max_tokens if n <= 8192 else max(args.max_tokens // 2, 4)
+                      for n in lengths}
+    log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
+    res = context_bench(model, lengths=lengths, depths=depths, texts=_texts(model, args),
+                        max_tokens=max_tokens, repeats=args.repeats, replay=args.replay,
+                        progress=log)
+    if args.json:
+        print(json.dumps({"context": res, "max_tokens": max_tokens, "replay": args.replay},
+                         indent=1))
+        return 0
+    print(f"model {model.info.name} ({model.info.num_parameters / 1e6:.1f}M params, "
+          f"{model.info.dtype}), greedy, median of {args.repeats}"
+          + (", depths > 0 draft a REPLAY of depth 0" if args.replay else ""))
+    labs = [k for k in next(iter(res.values())) if not k.startswith("prefill")]
+    print(f"{'context':>7} {'decode':>6} {'prefill tok/s':>22}  decode tok/s: "
+          + " ".join(f"{lab:>7}" for lab in labs) + "   d/mlx-lm")
+    print(f"{'':>7} {'tokens':>6} {'mlx-lm':>10} {'engine':>11}")
+    for n, r in res.items():
+        ratios = " ".join(f"{lab}:{r[lab] / r['mlx_lm']:.2f}" for lab in labs[1:] if r["mlx_lm"])
+        print(f"{n:>7} {max_tokens[n]:>6} {r['prefill mlx_lm']:>10.1f} {r['prefill engine']:>11.1f}"
+              "                " + " ".join(f"{r[lab]:>7.2f}" for lab in labs) + f"   {ratios}")
+    return 0
+
+
+def _run_reopen(args, depths) -> int:
+    from engine import default_model_path, load
+    from engine.longbench import reopen_bench
+
+    path = args.model or default_model_path()
+    texts = _texts(load(path, dtype=args.dtype), args)
+    log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
+    res = reopen_bench(path, tokens=args.reopen, texts=texts, depths=depths,
+                       repeats=args.repeats, dtype=args.dtype, progress=log)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    print(f"reopened chat: {args.reopen} saved tokens + a new turn, model loaded afresh for "
+          f"each measurement, median of {args.repeats}")
+    print(f"{'depth':>5} {'prompt':>7} {'reused':>7} {'TTFT no disk cache':>19} "
+          f"{'TTFT disk cache':>16} {'speed-up':>8}")
+    for d, r in res.items():
+        print(f"{d:>5} {r['prompt_tokens']:>7} {r['reused_tokens']:>7} "
+              f"{r['ttft_without_s']:>18.3f}s {r['ttft_with_s']:>15.3f}s "
+              f"{r['ttft_without_s'] / r['ttft_with_s']:>7.1f}x")
+    return 0
+
+
 def run(args) -> int:
     if args.sampling:
         return _run_sampling(args)
+    if args.reopen:
+        from engine.commands.generate import parse_depth
+
+        return _run_reopen(args, [parse_depth(d.strip()) for d in args.depths.split(",")
+                                  if d.strip()])
     from engine import SamplingParams, default_model_path, load
     from engine.bench import load_prompt_sets, mixed_prompt_sets, run_bench
     from engine.commands.generate import parse_depth
@@ -70,6 +147,8 @@ def run(args) -> int:
     depths = [parse_depth(d.strip()) for d in args.depths.split(",") if d.strip()]
     if 0 not in depths:
         depths.insert(0, 0)
+    if args.context:
+        return _run_context(args, model, [d for d in depths if d != "auto"])
     if args.prompt:
         prompts = {"prompts": args.prompt}
     elif args.mixed:
