@@ -189,8 +189,9 @@ class DiskPromptCache:
             for name, arrays, meta, n, th in jobs:
                 self._write(name, arrays, meta, n, th)
             self.evict()
-        except Exception:  # noqa: BLE001 - a full disk or a vanished folder only costs a prefill
-            log.warning("could not save the prompt cache to %s", self.dir, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a full disk or a vanished folder only costs a prefill
+            log.warning("could not save the prompt cache to %s: %s", self.dir, exc)
+            log.debug("prompt cache save failure", exc_info=True)
 
     def _write(self, name: str, arrays: dict, meta: dict, n: int, th: str) -> None:
         tag = f"{os.getpid()}-{threading.get_ident()}"
@@ -306,8 +307,9 @@ def from_env(path: str, dtype: str, trunk_cache: list, mtp_cache: list | None,
 
             root = cache_dir() / "prompt-cache"
         key = model_key(path, dtype, [kinds["trunk"], kinds["mtp"]])
-    except (OSError, ValueError):
-        log.warning("prompt cache on disk turned off", exc_info=True)
+    except (OSError, ValueError) as exc:  # a read-only or full home: decode without it
+        log.warning("prompt cache on disk turned off: %s", exc)
+        log.debug("why the prompt cache on disk is off", exc_info=True)
         return None
     return DiskPromptCache(root, key, kinds, max_bytes=int(mb * 2**20), min_tokens=min_tokens)
 

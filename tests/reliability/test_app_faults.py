@@ -188,3 +188,18 @@ def test_a_window_that_cannot_be_built_exits_1_with_one_line(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert "could not start: Internal error: RuntimeError: simulated start-up bug" in r.stderr
+
+
+def test_generate_with_a_read_only_home_still_answers_without_a_traceback(tmp_path):
+    """The prompt cache on disk cannot be written: generation goes on, one warning line."""
+    with tmpfs(tmp_path / "home", "1m") as home:
+        (home / "data").mkdir()
+        remount(home, "ro")
+        prompt = ",".join(["7"] * 1200)  # long enough for the disk cache to want it
+        r = subprocess.run([sys.executable, "-m", "engine", "generate", "--prompt-ids", prompt,
+                            "--max-tokens", "4", "--depth", "2", "--json"], env=_env(home),
+                           cwd=ROOT, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        assert "prompt cache on disk turned off: [Errno 30] Read-only file system" in r.stderr
+        assert len(json.loads(r.stdout)["token_ids"]) == 4
