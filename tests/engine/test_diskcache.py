@@ -2,6 +2,8 @@
 after a resume, the LRU size bound, corrupt and foreign files ignored, the off switch."""
 from __future__ import annotations
 
+import os
+
 import json
 
 import numpy as np
@@ -114,9 +116,12 @@ def test_a_hit_makes_an_entry_recent(disk_model):
     for seed in (1, 2):
         run(disk_model, long_prompt(seed=seed), depth=0, max_tokens=1)
         disk.flush()
-    oldest = _entries(disk)[0]
+    before = _entries(disk)
+    for i, man in enumerate(before):  # distinct, old times in save order (seed 2's are newest)
+        os.utime(man, ns=(10**18 + i * 10**9,) * 2)
     assert disk.load(long_prompt(seed=1)) is not None
-    assert _entries(disk)[-1] == oldest
+    newest = _entries(disk)[-1]
+    assert newest != before[-1] and newest.stat().st_mtime_ns > 10**18 + len(before) * 10**9
 
 
 def test_corrupt_files_are_removed_and_generation_goes_on(disk_model):
