@@ -2,9 +2,8 @@
 after a resume, the LRU size bound, corrupt and foreign files ignored, the off switch."""
 from __future__ import annotations
 
-import os
-
 import json
+import os
 
 import numpy as np
 import pytest
