@@ -19,7 +19,7 @@ import subprocess
 import sys
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass  # noqa: F401 - asdict is used through this module by the corpus subprocess
 from pathlib import Path
 
 log = logging.getLogger(__name__)

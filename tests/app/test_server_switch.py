@@ -230,6 +230,7 @@ def test_demo_model_served_from_the_app_to_the_openai_client(qtbot, tmp_path):
         w.composer.button.click()
         qtbot.waitUntil(lambda: not w.session.streams, timeout=120_000)
         t.join(120)
+        client.close()
         r = out["r"]
         model = engine.load(path)
         ids = model.chat_ids(msgs, enable_thinking=False)

@@ -35,14 +35,16 @@ def greedy(model, ids, *, max_tokens, depth="auto", stop=()):
 def oai(demo_server):
     import openai
 
-    return openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0)
+    with openai.OpenAI(base_url=demo_server.url + "/v1", api_key="x", max_retries=0) as client:  # closed at teardown: no socket left to the GC
+        yield client
 
 
 @pytest.fixture(scope="module")
 def anth(demo_server):
     import anthropic
 
-    return anthropic.Anthropic(base_url=demo_server.url, api_key="x", max_retries=0)
+    with anthropic.Anthropic(base_url=demo_server.url, api_key="x", max_retries=0) as client:
+        yield client
 
 
 def _chat(oai, content=Q, **kw):

@@ -32,14 +32,16 @@ def served():
 def oai(served):
     import openai
 
-    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0) as client:  # closed at teardown: no socket left to the GC
+        yield client
 
 
 @pytest.fixture()
 def anth(served):
     import anthropic
 
-    return anthropic.Anthropic(base_url=served[1].url, api_key="unused", max_retries=0)
+    with anthropic.Anthropic(base_url=served[1].url, api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_openai_tool_calls_non_streaming_and_result_round_trip(served, oai):
@@ -225,11 +227,11 @@ def test_api_key_enforced():
 
     server = start_server(ScriptedModel(), port=0, api_key="s3cret")
     try:
-        bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):
-            bad.models.list()
-        good = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
-        assert good.models.list().data[0].id == "scripted-fake"
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                bad.models.list()
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0) as good:
+            assert good.models.list().data[0].id == "scripted-fake"
         r = httpx.post(server.url + "/v1/messages/count_tokens", headers={"x-api-key": "s3cret"},
                        json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200 and r.json()["input_tokens"] > 0
