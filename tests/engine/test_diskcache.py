@@ -3,6 +3,7 @@ after a resume, the LRU size bound, corrupt and foreign files ignored, the off s
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -114,9 +115,12 @@ def test_a_hit_makes_an_entry_recent(disk_model):
     for seed in (1, 2):
         run(disk_model, long_prompt(seed=seed), depth=0, max_tokens=1)
         disk.flush()
-    oldest = _entries(disk)[0]
+    for age, man in enumerate(reversed(_entries(disk))):   # distinct, well separated mtimes
+        os.utime(man, (1e9 - 100 * age, 1e9 - 100 * age))
     assert disk.load(long_prompt(seed=1)) is not None
-    assert _entries(disk)[-1] == oldest
+    hit = _entries(disk)[-1]
+    assert json.loads(hit.read_text())["n_tokens"] == 200
+    assert hit.stat().st_mtime > 1e9
 
 
 def test_corrupt_files_are_removed_and_generation_goes_on(disk_model):
