@@ -126,7 +126,7 @@ def _stream(model, prompt: list[int], reply: Reply, *, depth, params: SamplingPa
     if reused < len(prompt):
         session.prefill(prompt[reused:])
     keys = _keys(seed)
-    x0 = _first(session, params, reply.counts, next(keys), constraint)
+    x0 = _draw(session.last_logits, params, reply.counts, next(keys), constraint)  # 1st token
     after_prompt = session.snapshot()
     model.prompt_cache.keep(after_prompt)
     prefill = PrefillStats(prompt_tokens=len(prompt), reused_tokens=reused,
@@ -190,12 +190,6 @@ def _pick(logits: mx.array, params: SamplingParams, counts, key, *,
     return sampling.sample(sampling.build_probs(logits, params, c), key)[0], None
 
 
-def _first(session: Session, params: SamplingParams, counts, key,
-           constraint: Constraint | None = None) -> int:
-    """The first token, from the prompt's last logits (masked by ``constraint``)."""
-    return _draw(session.last_logits, params, counts, key, constraint)
-
-
 def _draw(logits: mx.array, params: SamplingParams, counts, key,
           constraint: Constraint | None) -> int:
     """One token on the host, exactly as plain decoding draws it (one sync)."""
@@ -257,6 +251,15 @@ class _Step:
         self.y, self.exact = _pick(self.logits, params, self.counts, self.key, dense=True)
 
 
+def _plain_stats(reply: Reply, session: Session, tokens: list[int], t_prev: float,
+                 t_queued: float, now: float) -> CycleStats:
+    """A plain step's stats: queuing it is ``t_verify``, waiting for its token ``t_sync``."""
+    return CycleStats(
+        index=reply.next_cycle(), depth=0, drafted=(), accepted=0, emitted=tuple(tokens),
+        from_draft=(False,) * len(tokens), extra_kind="plain", t_verify=t_queued - t_prev,
+        t_sync=now - t_queued, t_total=now - t_prev, context_tokens=len(session.fed))
+
+
 def run_plain(session: Session, reply: Reply, params: SamplingParams,
               keys: Iterator[mx.array], x0: int) -> Iterator[Event]:
     """Depth 0, pipelined like mlx-lm: the next step is queued before reading this one. The
@@ -285,10 +288,7 @@ def run_plain(session: Session, reply: Reply, params: SamplingParams,
         session.confirm(tok)
         now = time.perf_counter()
         tokens, reason = reply.cut([tok])
-        stats = CycleStats(
-            index=reply.next_cycle(), depth=0, drafted=(), accepted=0, emitted=tuple(tokens),
-            from_draft=(False,) * len(tokens), extra_kind="plain", t_verify=t_queued - t_prev,
-            t_sync=now - t_queued, t_total=now - t_prev, context_tokens=len(session.fed))
+        stats = _plain_stats(reply, session, tokens, t_prev, t_queued, now)
         t_prev = now
         ev = reply.emit(tokens, reason, stats=stats, counted=True)
         yield ev
@@ -314,10 +314,7 @@ def run_plain_constrained(session: Session, reply: Reply, params: SamplingParams
                     constraint)
         now = time.perf_counter()
         tokens, reason = _cut(reply, [tok], constraint)
-        stats = CycleStats(
-            index=reply.next_cycle(), depth=0, drafted=(), accepted=0, emitted=tuple(tokens),
-            from_draft=(False,) * len(tokens), extra_kind="plain", t_verify=t_queued - t_prev,
-            t_sync=now - t_queued, t_total=now - t_prev, context_tokens=len(session.fed))
+        stats = _plain_stats(reply, session, tokens, t_prev, t_queued, now)
         t_prev = now
         ev = reply.emit(tokens, reason, stats=stats)
         yield ev

@@ -31,34 +31,33 @@ log = logging.getLogger(__name__)
 APP_NAME = "MTPChat"
 SETTINGS_FILE = "model_store.json"
 
-__all__ = ["APP_NAME", "cache_dir", "data_dir", "default_model_path", "default_store_root", "folder_size",
+__all__ = ["APP_NAME", "app_dir", "cache_dir", "data_dir", "default_model_path", "default_store_root", "folder_size",
            "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
+
+
+def app_dir(kind: str) -> Path:
+    """The app's ``kind`` folder ("data", "cache", "config" or "log"), created if needed:
+    ``$MTPCHAT_HOME/<kind>`` when set (tests, portable installs; "log" is "logs"), else the
+    platformdirs location."""
+    home = os.environ.get("MTPCHAT_HOME")
+    if home:
+        p = Path(home) / ("logs" if kind == "log" else kind)
+    else:
+        import platformdirs
+
+        p = Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME, APP_NAME))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def data_dir() -> Path:
     """The data dir (created if needed)."""
-    home = os.environ.get("MTPCHAT_HOME")
-    if home:
-        p = Path(home) / "data"
-    else:
-        import platformdirs
-
-        p = Path(platformdirs.user_data_dir(APP_NAME, APP_NAME))
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return app_dir("data")
 
 
 def cache_dir() -> Path:
     """The cache dir (created if needed): what can be deleted at any time."""
-    home = os.environ.get("MTPCHAT_HOME")
-    if home:
-        p = Path(home) / "cache"
-    else:
-        import platformdirs
-
-        p = Path(platformdirs.user_cache_dir(APP_NAME, APP_NAME))
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return app_dir("cache")
 
 
 def settings_path() -> Path:
