@@ -1,6 +1,8 @@
 """``bench``: mlx-lm vs depth 0 vs each depth, one process, median of repeats."""
 from __future__ import annotations
 
+import argparse
+
 import json
 import sys
 
@@ -39,13 +41,13 @@ def add_arguments(p) -> None:
                    help="only time sampling per verified row at --vocab (no model): the dense "
                         "path against the compact top-k one")
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
-    p.add_argument("--context", default=None, metavar="N,N,...",
+    p.add_argument("--context", default=None, metavar="N,N,...", type=_positives,
                    help="long-context mode: prefill and decode tok/s at each context length "
                         "(real text repeated to the length), mlx-lm vs depth 0 vs --depths")
-    p.add_argument("--long-max-tokens", default=None, metavar="N,N,...",
+    p.add_argument("--long-max-tokens", default=None, metavar="N,N,...", type=_positives,
                    help="decode tokens per --context length (default: --max-tokens, halved "
                         "above 8k tokens)")
-    p.add_argument("--reopen", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--reopen", type=_positive, default=None, metavar="TOKENS",
                    help="time to first token of a reopened TOKENS-token chat on a freshly "
                         "loaded model, with and without the prompt cache on disk")
 
@@ -73,6 +75,23 @@ def _texts(model, args) -> list[str]:
     if args.prompt:
         return list(args.prompt)
     return [p for ps in load_prompt_sets(model, args.prompts).values() for p in ps]
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens >= 1, not {text!r}")
+    return n
+
+
+def _positives(text: str) -> str:
+    """An argparse type: comma-separated token counts, each >= 1 (kept as the text)."""
+    for part in text.split(","):
+        _positive(part.strip())
+    return text
 
 
 def _run_context(args, model, depths) -> int:

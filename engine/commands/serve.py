@@ -14,13 +14,26 @@ import sys
 HELP = "serve the model over OpenAI- and Anthropic-compatible HTTP APIs"
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}")
+    return port
+
+
 def add_arguments(p) -> None:
     from engine.commands.generate import add_model_arguments
 
     add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "any non-loopback address needs --api-key)")
-    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
+    p.add_argument("--port", type=_port, default=8080, help="port (0 picks a free one)")
     p.add_argument("--api-key", default=None, help="require this key (Authorization: Bearer "
                    "KEY, or x-api-key: KEY) on every request")
     p.add_argument("--depth", default="auto", help="default drafts per cycle, 0..6 or auto "
