@@ -388,7 +388,8 @@ class DashboardWindow(QWidget):
             f"background: {(GREEN if live else AMBER if self._tuning else GREY).name()};")
         caption = f"5-min average {s.tps_window:.1f}" if s.tps_window else "no recent decoding"
         self.gauge.set_value(s.tps_instant, caption=caption, dim=not live)
-        self.gauge_sub.setText("live" if live else "last reply")
+        # The gauge is the recent cycles' rate; the whole reply's tok/s is the header's.
+        self.gauge_sub.setText("live" if live else "recent cycles")
         self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
                                reference=("5-min average", s.tps_window) if s.tps_window else None)
         replies, tokens = self.record.totals()
