@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import logging
 import os
 import platform
+import threading
 import time
+from pathlib import Path
 
 from engine._blas import blas_info
 
@@ -72,6 +75,8 @@ def matmul_bench(n: int = 4096, rows: tuple[int, ...] = (1, 8, 32), repeats: int
 
 
 FIGURES_FILE = "machine_figures.json"
+_FIGURES_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def platform_name() -> str:
@@ -97,13 +102,23 @@ def measure_bandwidth(n: int = 4096, repeats: int = 5) -> float:
 
 def machine_figures(*, refresh: bool = False) -> dict:
     """``{"bandwidth_bytes_per_s", "cores", "platform", "name", "measured_at"}``, measured once
-    per machine and kept in ``<data dir>/machine_figures.json``."""
+    per machine and kept in ``<data dir>/machine_figures.json``. Thread-safe (concurrent
+    callers, e.g. the search's header checks, measure once); an unwritable data dir only
+    means the figures are measured again next time."""
+    with _FIGURES_LOCK:
+        return _machine_figures(refresh)
+
+
+def _machine_figures(refresh: bool) -> dict:
     from engine.paths import data_dir
 
-    path = data_dir() / FIGURES_FILE
     key = _figures_key()
     try:
-        cached = json.loads(path.read_text(encoding="utf-8")).get(key)
+        path: Path | None = data_dir() / FIGURES_FILE
+    except OSError:  # no data dir: measure every time
+        path = None
+    try:
+        cached = json.loads(path.read_text(encoding="utf-8")).get(key) if path else None
     except (OSError, ValueError, AttributeError):
         cached = None
     if isinstance(cached, dict) and not refresh and cached.get("bandwidth_bytes_per_s"):
@@ -111,7 +126,11 @@ def machine_figures(*, refresh: bool = False) -> dict:
     figures = {"bandwidth_bytes_per_s": round(measure_bandwidth()), "cores": os.cpu_count(),
                "platform": platform.system(), "name": platform_name(),
                "measured_at": time.time()}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({key: figures}), encoding="utf-8")
-    os.replace(tmp, path)
+    if path is not None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps({key: figures}), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot keep the machine figures in %s: %s", path, exc)
     return figures
