@@ -72,12 +72,37 @@ def _unfiltered(params: SamplingParams) -> SamplingParams:
     return dataclasses.replace(params, top_p=1.0, top_k=0, min_p=0.0)
 
 
-def _stack(qs: list):
+def stack_q(qs: list):
+    """The k draft rows' q stacked (None when the drafts were argmax)."""
     if not qs:
         return None
     if isinstance(qs[0], candidates.Candidates):
         return candidates.Candidates.stack(qs)
     return mx.stack(qs)
+
+
+def draft_counts(counts: mx.array | None, drafts: list[mx.array]) -> mx.array | None:
+    """Penalty counts [1, V] for the next draft: the reply's plus the drafts before it."""
+    if counts is None:
+        return None
+    return (sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts)[None]
+
+
+def pick_draft(logits: mx.array, params: SamplingParams, row_counts, key,
+               mode: DraftMode) -> tuple[mx.array, mx.array | candidates.Candidates | None]:
+    """One draft token (int32 scalar) from the head's logits [1, V] and the q row it was
+    sampled from (None: argmax; compact ``Candidates`` when the filters allow, see
+    ``engine.candidates``). Shared by ``MTPDrafter`` and the batched drafts (``engine.batching``)."""
+    if params.greedy or mode == "argmax":
+        d = sampling.argmax_tokens(logits, params, row_counts)
+        return d.reshape(()).astype(mx.int32), None
+    if mode == "filtered" and candidates.applies(params, logits.shape[-1], logits.dtype):
+        c = candidates.build(logits, params, row_counts)
+        return candidates.sample(c, key).reshape(()), c
+    qp = params if mode == "filtered" else _unfiltered(params)
+    q = sampling.build_probs(logits, qp, row_counts)
+    d = sampling.sample(q, key)
+    return d.reshape(()).astype(mx.int32), q[0]
 
 
 class MTPDrafter:
@@ -103,11 +128,7 @@ class MTPDrafter:
             logits = s.logits(out[:, -1])  # [1, V]
             if request.allowed is not None:
                 logits = grammar.masked(logits, request.allowed(host))
-            row_counts = None
-            if counts is not None:
-                row_counts = sampling.add_counts(counts, mx.stack(drafts)) if drafts else counts
-                row_counts = row_counts[None]
-            d, q = self._pick(logits, params, row_counts, keys[j])
+            d, q = pick_draft(logits, params, draft_counts(counts, drafts), keys[j], self.mode)
             if q is not None:
                 qs.append(q)
             drafts.append(d)
@@ -115,21 +136,7 @@ class MTPDrafter:
                 host.append(int(d.item()))
             if j + 1 < k:
                 out = s.mtp_next(out, d)
-        return Proposal(tokens=mx.stack(drafts), q=_stack(qs))
-
-    def _pick(self, logits, params, row_counts, key):
-        """One draft token (int32 scalar) and the q row it was sampled from (None: argmax;
-        compact ``Candidates`` when the filters allow, see ``engine.candidates``)."""
-        if params.greedy or self.mode == "argmax":
-            d = sampling.argmax_tokens(logits, params, row_counts)
-            return d.reshape(()).astype(mx.int32), None
-        if self.mode == "filtered" and candidates.applies(params, logits.shape[-1], logits.dtype):
-            c = candidates.build(logits, params, row_counts)
-            return candidates.sample(c, key).reshape(()), c
-        qp = params if self.mode == "filtered" else _unfiltered(params)
-        q = sampling.build_probs(logits, qp, row_counts)
-        d = sampling.sample(q, key)
-        return d.reshape(()).astype(mx.int32), q[0]
+        return Proposal(tokens=mx.stack(drafts), q=stack_q(qs))
 
     def undo(self, proposal: Proposal) -> None:
         self.session.undo_draft(proposal.k)

@@ -12,6 +12,7 @@ committed pair (h_t, x_{t+1}) built from trunk hiddens, except the pairs still `
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -134,6 +135,14 @@ class Session:
 
     def prefill(self, tokens: list[int]) -> None:
         """Feed ``tokens`` in chunks (bounded memory); leaves last_logits lazy-evaluated."""
+        for _ in self.prefill_chunks(tokens):
+            pass
+
+    def prefill_chunks(self, tokens: list[int]) -> Iterator[int]:
+        """``prefill`` one chunk at a time: yields the tokens fed so far after each chunk
+        (every chunk but the last is evaluated before the yield), so a caller can run other
+        work between chunks (``engine.batching``: a joining stream never stalls the batch
+        for more than one chunk)."""
         tm = self.model.text_model
         for i in range(0, len(tokens), PREFILL_CHUNK):
             chunk = tokens[i:i + PREFILL_CHUNK]
@@ -145,7 +154,9 @@ class Session:
                 self.flush_pending()
             if i + PREFILL_CHUNK < len(tokens):
                 mx.eval([c.state for c in self.trunk_cache] + ([self.last_hidden]))
-        self.last_logits = lm_head(tm, self.last_hidden[:, -1])
+            else:
+                self.last_logits = lm_head(tm, self.last_hidden[:, -1])
+            yield i + len(chunk)
 
     # -- the MTP head's forwards (what a drafter runs) ------------------------------------
     def mtp_first(self, x0: int) -> mx.array:

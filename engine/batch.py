@@ -1,0 +1,224 @@
+"""The decode state of B streams decoded together: ``Session``'s caches and invariants, per row.
+
+A stream is prefilled alone (a ``Session``, chunked, its prompt cache reused), then ``join``s
+the batch: its attention KV becomes a row of each ``RowKVCache`` (own length, own RoPE
+positions), its Gated DeltaNet state a row of each ``ArraysCache``, its MTP cache a row of the
+head's ``RowKVCache``. ``leave`` removes a row; ``extract`` gives it back as a ``Session`` (the
+prompt cache keeps it for the conversation's next turn).
+
+One cycle for all rows, in the order of ``engine.cycle``:
+- ``mtp_first(x0s, active)``: one MTP forward over every row's pending committed pairs plus
+  (last hidden, x0), right-padded to the longest row; ``mtp_next`` one more step for all rows.
+  Every row runs as many head steps as the deepest row (``steps``); a shallower row ignores the
+  extra drafts and ``commit`` drops every speculative MTP row (steps - 1 per row).
+- ``verify(inputs)``: ONE trunk forward over [B, S] = each row's [x0, d1..dk] padded to
+  S = deepest + 1 (padding sits after a row's own tokens, so causality keeps it out of them),
+  capturing every GDN step.
+- ``commit(keeps, ...)``: row b keeps x0 and its first keep_b drafts: its attention length
+  moves back over the rest, its GDN state is the captured one at step keep_b, its MTP
+  speculative rows are dropped and its accepted pairs queued, as ``Session.commit`` does.
+
+Invariants per row are ``Session``'s (MTP_SPEC §3): ``fed[b]`` is what row b's trunk consumed,
+``last_hidden[b]`` the trunk hidden of its last fed token, and its MTP cache holds one row per
+committed pair except ``pending`` ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache
+
+from engine import rowcache
+from engine.rowcache import RowKVCache
+from engine.session import Session
+from engine.trunk import forward_hidden, lm_head
+
+
+@dataclass
+class Pending:
+    """Row b's committed pairs not yet in its MTP cache: hiddens [n, H] and their tokens."""
+
+    hidden: mx.array | None = None
+    tokens: list[int] = field(default_factory=list)
+
+    def add(self, hidden: mx.array, tokens: list[int]) -> None:
+        if not tokens:
+            return
+        self.hidden = hidden if self.hidden is None else mx.concatenate([self.hidden, hidden])
+        self.tokens.extend(tokens)
+
+
+@dataclass
+class BatchVerified:
+    """The lazy result of one batched verify forward over [B, S]."""
+
+    hidden: mx.array     # [B, S, H]
+    logits: mx.array     # [B, S, V]
+    captures: dict
+
+
+class Batch:
+    """See the module docstring. Rows are indexed 0..B-1 in join order (``leave`` keeps the
+    order of the others)."""
+
+    def __init__(self, model, *, use_mtp: bool) -> None:
+        self.model = model
+        self.use_mtp = use_mtp and model.mtp is not None
+        self.trunk_cache = [RowKVCache() if isinstance(c, KVCache) else ArraysCache(len(c.cache))
+                            for c in model.trunk.make_cache()]
+        self.mtp_cache = [RowKVCache() for _ in model.mtp.make_cache()] if self.use_mtp else None
+        self.fed: list[list[int]] = []
+        self.pending: list[Pending] = []
+        self.last_hidden: mx.array | None = None  # [B, 1, H]
+        self._spec_mtp = 0  # speculative MTP rows per row from this cycle's head steps
+
+    @property
+    def size(self) -> int:
+        return len(self.fed)
+
+    # -- rows joining and leaving ---------------------------------------------------------
+    def join(self, s: Session) -> int:
+        """Add a prefilled stream (``s`` must not be used afterwards); returns its row."""
+        if s.last_hidden is None:
+            raise ValueError("a stream joins after its prefill")
+        if self.use_mtp and not s.mtp_ok:
+            raise ValueError("this stream's MTP cache is not in step with its trunk")
+        for mine, theirs in zip(self.trunk_cache, s.trunk_cache):
+            if isinstance(mine, RowKVCache):
+                mine.join(theirs)
+            else:
+                rowcache.join_arrays(mine, theirs)
+        if self.use_mtp:
+            for mine, theirs in zip(self.mtp_cache, s.mtp_cache):
+                if theirs.keys is None:  # a one-token prompt: no pair committed yet
+                    theirs = _empty_kv(self.model, s)
+                mine.join(theirs)
+        p = Pending()
+        if s.pending_h is not None:
+            p.add(s.pending_h[0], list(s.pending_tok))
+        self.pending.append(p)
+        self.fed.append(list(s.fed))
+        h = s.last_hidden[:, -1:]
+        self.last_hidden = h if self.last_hidden is None else \
+            mx.concatenate([self.last_hidden, h])
+        return self.size - 1
+
+    def leave(self, rows: list[int]) -> None:
+        """Remove ``rows``; the others keep their order."""
+        gone = set(rows)
+        keep = [b for b in range(self.size) if b not in gone]
+        for c in self.trunk_cache + (self.mtp_cache or []):
+            c.take(keep) if isinstance(c, RowKVCache) else rowcache.take_arrays(c, keep)
+        self.fed = [self.fed[b] for b in keep]
+        self.pending = [self.pending[b] for b in keep]
+        self.last_hidden = None if not keep else \
+            mx.take(self.last_hidden, mx.array(keep, dtype=mx.int32), axis=0)
+
+    def extract(self, b: int) -> Session:
+        """Row b as a stand-alone ``Session`` (copies; the batch is unchanged)."""
+        s = Session.fresh(self.model, use_mtp=self.use_mtp)
+        s.trunk_cache = [c.extract(b) if isinstance(c, RowKVCache) else
+                         rowcache.extract_arrays(c, b) for c in self.trunk_cache]
+        if self.use_mtp:
+            s.mtp_cache = [c.extract(b) for c in self.mtp_cache]
+            s.mtp_rows = self.mtp_cache[0].lengths[b]
+            p = self.pending[b]
+            s.pending_h = None if p.hidden is None else p.hidden[None]
+            s.pending_tok = list(p.tokens)
+        s.fed = list(self.fed[b])
+        s.last_hidden = self.last_hidden[b:b + 1]
+        s.last_logits = lm_head(self.model.text_model, s.last_hidden[:, -1])
+        s.mtp_ok = self.use_mtp
+        return s
+
+    # -- the MTP head's forwards ------------------------------------------------------------
+    def mtp_first(self, x0s: list[int]) -> mx.array:
+        """Draft step 1 for every row: its pending pairs plus (last hidden, x0), right-padded;
+        returns each row's MTP hidden for x0 [B, 1, H]."""
+        embed = self.model.text_model.model.embed_tokens
+        widths = [len(p.tokens) + 1 for p in self.pending]
+        width = max(widths)
+        hs, toks = [], []
+        for b, p in enumerate(self.pending):
+            h = self.last_hidden[b, -1:] if p.hidden is None else \
+                mx.concatenate([p.hidden, self.last_hidden[b, -1:]])
+            hs.append(_pad_rows(h, width))
+            toks.append(p.tokens + [x0s[b]] + [0] * (width - widths[b]))
+        out = self.model.mtp(mx.stack(hs), embed(mx.array(toks, dtype=mx.int32)),
+                             self.mtp_cache)
+        for c in self.mtp_cache:
+            c.trim_rows([width - w for w in widths])
+        self.pending = [Pending() for _ in self.pending]
+        self._spec_mtp = 0
+        last = mx.array([w - 1 for w in widths], dtype=mx.int32)
+        return mx.take_along_axis(out, last[:, None, None], axis=1)
+
+    def mtp_next(self, out: mx.array, tokens: mx.array) -> mx.array:
+        """One more draft step for every row: the head on its own output and the token drafted
+        at the step before (``tokens`` [B])."""
+        embed = self.model.text_model.model.embed_tokens
+        self._spec_mtp += 1
+        return self.model.mtp(out, embed(tokens.reshape(-1, 1)), self.mtp_cache)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return lm_head(self.model.text_model, hidden)
+
+    def undo_draft(self) -> None:
+        """Forget this cycle's head steps (the cycle will not be verified)."""
+        if self.use_mtp:
+            for c in self.mtp_cache:
+                c.trim(self._spec_mtp)
+        self._spec_mtp = 0
+
+    # -- verify and commit --------------------------------------------------------------------
+    def verify(self, inputs: mx.array) -> BatchVerified:
+        """ONE trunk forward over ``inputs`` [B, S] (each row's x0, drafts, padding)."""
+        tm = self.model.text_model
+        h, caps = forward_hidden(tm, inputs, self.trunk_cache, capture=True)
+        return BatchVerified(hidden=h, logits=lm_head(tm, h), captures=caps)
+
+    def commit(self, inputs: list[list[int]], keeps: list[int], ver: BatchVerified, *,
+               drafted: bool) -> None:
+        """Row b keeps ``inputs[b][0]`` (its x0) and its first ``keeps[b]`` drafts.
+        ``drafted``: the head ran this cycle (``mtp_first``)."""
+        S = ver.hidden.shape[1]
+        for c in self.trunk_cache:
+            if isinstance(c, RowKVCache):
+                c.trim_rows([S - 1 - k for k in keeps])
+        rows = mx.arange(self.size)
+        steps = mx.array(keeps, dtype=mx.int32)
+        for i, cap in ver.captures.items():
+            self.trunk_cache[i][0] = mx.stack(cap.conv, axis=1)[rows, steps]
+            self.trunk_cache[i][1] = mx.stack(cap.state, axis=1)[rows, steps]
+        if self.use_mtp:
+            self._commit_mtp(inputs, keeps, ver, drafted)
+        for b, k in enumerate(keeps):
+            self.fed[b].extend(inputs[b][:k + 1])
+        self.last_hidden = ver.hidden[rows, steps][:, None]
+
+    def _commit_mtp(self, inputs, keeps, ver: BatchVerified, drafted: bool) -> None:
+        if drafted:
+            for c in self.mtp_cache:
+                c.trim(self._spec_mtp)
+            self._spec_mtp = 0
+        for b, k in enumerate(keeps):
+            p = self.pending[b]
+            if not drafted:  # no head step ran: the pair (last hidden, x0) is pending too
+                p.add(self.last_hidden[b, -1:], inputs[b][:1])
+            if k:
+                p.add(ver.hidden[b, :k], inputs[b][1:k + 1])
+
+
+def _pad_rows(h: mx.array, n: int) -> mx.array:
+    return h if h.shape[0] == n else mx.pad(h, [(0, n - h.shape[0]), (0, 0)])
+
+
+def _empty_kv(model, s: Session) -> KVCache:
+    """An MTP cache row with no positions yet (shapes from the head's attention)."""
+    attn = model.mtp.layers[0].self_attn
+    c = KVCache()
+    shape = (1, attn.num_key_value_heads, 0, attn.head_dim)
+    c.keys = mx.zeros(shape, s.last_hidden.dtype)
+    c.values = mx.zeros(shape, s.last_hidden.dtype)
+    return c

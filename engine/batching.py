@@ -1,0 +1,401 @@
+"""Continuous batching with speculation at any depth: ``BatchDecoder``.
+
+Up to ``max_streams`` streams decode together, each with its own prompt, sampling, seed, stop
+strings, depth (fixed or auto, with its own ``AdaptiveDepth``), budget and cancel flag. Each
+``step()`` does at most
+
+1. one prefill chunk of the stream at the head of the waiting line (``Session.prefill_chunks``,
+   its prompt cache reused) — when its prompt is done it draws its first token and joins the
+   batch (``engine.batch.Batch.join``), so a long new prompt stalls the others for one chunk;
+2. one batched cycle of ``engine.cycle``'s four steps over every joined row: the MTP head
+   drafts for all rows at once (one head forward per draft step), ONE trunk forward verifies
+   all rows' [x0, d1..dk] (shallower rows padded), acceptance runs per row with the row's own
+   parameters and random keys (``cycle.accept``), ONE host synchronisation reads every row's
+   result, and each row commits its own accepted length (``Batch.commit``).
+
+Exactness per stream: a row's drafts and acceptance use the same functions, the same keys in
+the same order and the same logits (up to float rounding of the batched matmuls) as it would
+alone — ``engine.decode`` draws the first token with the first key, a draft of k tokens uses the
+next key split k ways, acceptance the next; a depth-0 stream samples each token like
+``decode.run_plain`` (one key per token). So a seeded stream gives the same tokens batched or
+alone, and greedy streams equal their single-stream output.
+
+Left out: a structured-output stream (``constraint``) decodes at depth 0 in a batch (its
+masks need the host between draft steps); it is still exact.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engine import cycle, decode, grammar, sampling, store
+from engine.adaptive import AdaptiveDepth
+from engine.batch import Batch, BatchVerified
+from engine.drafters import (Drafter, DraftRequest, Proposal, draft_counts, pick_draft,
+                             stack_q)
+from engine.errors import GenerationError
+from engine.grammar import Constraint
+from engine.reply import Reply
+from engine.session import Session, Snapshot, Verified
+from engine.types import CycleStats, Depth, DraftMode, Event, PrefillStats, SamplingParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STREAMS = 8
+_ids = itertools.count(1)
+
+
+@dataclass
+class Stream:
+    """One request in a ``BatchDecoder``: its reply and decode state."""
+
+    id: str
+    prompt: list[int]
+    row: cycle.Row                      # ``row.session`` is None: the caches are the batch's
+    depth: Depth
+    controller: AdaptiveDepth | None
+    submitted: float = field(default_factory=time.perf_counter)
+    session: Session | None = None      # while prefilling
+    prefill: Iterator[int] | None = None
+    reused: int = 0
+    x0: int = -1                        # the pending token (emitted, not yet fed)
+    after_prompt: Snapshot | None = None
+    finished: bool = False
+
+    @property
+    def reply(self) -> Reply:
+        return self.row.reply
+
+    @property
+    def plain(self) -> bool:
+        """A fixed depth-0 stream: sampled token by token like ``decode.run_plain``."""
+        return self.depth == 0 and self.controller is None
+
+
+@dataclass
+class _Cycle:
+    """One batched cycle in flight: each row's depth, draft and the verify forward."""
+
+    ks: list[int]
+    reasons: list[str]
+    proposals: list[Proposal | None]
+    inputs: list[list[int]] = field(default_factory=list)  # host ids, filled at the sync
+    ver: BatchVerified | None = None
+    t0: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+
+
+class BatchDecoder:
+    """See the module docstring. Not thread-safe: one thread calls ``add`` and ``step``."""
+
+    def __init__(self, model, *, max_streams: int = DEFAULT_STREAMS, use_mtp: bool = True,
+                 draft_mode: DraftMode = "filtered") -> None:
+        if max_streams < 1:
+            raise GenerationError(f"max_streams must be at least 1, not {max_streams}")
+        self.model = model
+        self.max_streams = max_streams
+        self.draft_mode = draft_mode
+        self.batch = Batch(model, use_mtp=use_mtp)
+        self.waiting: deque[Stream] = deque()
+        self.joining: Stream | None = None
+        self.active: list[Stream] = []   # the batch's rows, in row order
+        self.cycles = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.joining or self.active)
+
+    # -- adding streams ---------------------------------------------------------------------
+    def add(self, prompt_ids, *, max_tokens: int = 256, depth: Depth = "auto",
+            sampling: SamplingParams | None = None, seed: int | None = None,
+            cancel: threading.Event | None = None, stop_strings: tuple[str, ...] = (),
+            drafter: Drafter | None = None, constraint: Constraint | None = None,
+            id: str | None = None) -> Stream:
+        """Queue a stream (checked like ``Model.generate``, raising ``GenerationError``)."""
+        params = SamplingParams() if sampling is None else sampling
+        model = self.model
+        prompt = decode.check_prompt(model, prompt_ids)
+        budget = decode.check_request(model, prompt, max_tokens=max_tokens, depth=depth,
+                                      sampling=params, stop_strings=stop_strings,
+                                      drafter=drafter, draft_mode=self.draft_mode)
+        if drafter is not None and self.batch.use_mtp:
+            raise GenerationError("a batch drafts with the MTP head or with each stream's own "
+                                  "drafter, not both: make it with use_mtp=False")
+        if depth != 0 and drafter is None and not self.batch.use_mtp:
+            raise GenerationError("this batch has no MTP head to draft with: use depth 0")
+        reply = Reply(tokenizer=model.tokenizer, eos=model.info.eos_token_ids, budget=budget,
+                      stop_strings=tuple(stop_strings), vocab_size=model.info.vocab_size,
+                      penalties=params.presence_penalty != 0 or params.frequency_penalty != 0,
+                      cancel=cancel)
+        row = cycle.Row(session=None, drafter=drafter, reply=reply, params=params,
+                        keys=decode._keys(seed), constraint=constraint)
+        st = Stream(id=id or f"stream-{next(_ids)}", prompt=prompt, row=row, depth=depth,
+                    controller=self._controller() if depth == "auto" else None)
+        self.waiting.append(st)
+        return st
+
+    def _controller(self) -> AdaptiveDepth:
+        """A stream's own depth controller, seeded with what the model's has learnt (or the
+        saved tuning)."""
+        model = self.model
+        initial = model.depth_controller.state() if model.depth_controller else None
+        if initial is None:
+            try:
+                initial = (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
+            except Exception:  # noqa: BLE001 - a missing tuning only costs warm-up
+                initial = None
+        max_d = min(model.info.max_depth or 3, decode.AUTO_MAX_DEPTH)
+        return AdaptiveDepth(max_d, initial=initial)
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> list[tuple[Stream, Event]]:
+        """Cancel what was cancelled, run one prefill chunk (if a stream waits and a row is
+        free) and one batched cycle (if any row is joined); returns the events, in order."""
+        out = self._drop_cancelled()
+        out += self._prefill_step()
+        if self.active:
+            out += self._cycle()
+        return out
+
+    def run(self) -> Iterator[tuple[Stream, Event]]:
+        """``step()`` until every stream has finished."""
+        while self.busy:
+            yield from self.step()
+
+    def _drop_cancelled(self) -> list[tuple[Stream, Event]]:
+        out = []
+        for st in [s for s in self.waiting if s.reply.cancelled]:
+            self.waiting.remove(st)
+            out.append(self._end(st, st.reply.cancel_event()))
+        if self.joining is not None and self.joining.reply.cancelled:
+            st, self.joining = self.joining, None
+            out.append(self._end(st, st.reply.cancel_event()))
+        gone = [b for b, st in enumerate(self.active) if st.reply.cancelled]
+        for b in gone:
+            out.append(self._end(self.active[b], self.active[b].reply.cancel_event(), row=b))
+        self._leave(gone)
+        return out
+
+    def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
+        """``st`` is done with ``ev``; its final state goes to the prompt cache."""
+        st.finished = True
+        session = st.session if row is None else self.batch.extract(row)
+        if session is not None and st.after_prompt is not None:
+            decode._keep(self.model, st.after_prompt, session.snapshot())
+        st.session = st.prefill = None
+        return st, ev
+
+    def _leave(self, rows: list[int]) -> None:
+        if rows:
+            self.batch.leave(rows)
+            self.active = [st for b, st in enumerate(self.active) if b not in set(rows)]
+
+    # -- joining: chunked prefill, first token ----------------------------------------------------
+    def _prefill_step(self) -> list[tuple[Stream, Event]]:
+        if self.joining is None:
+            if not self.waiting or len(self.active) >= self.max_streams:
+                return []
+            self.joining = st = self.waiting.popleft()
+            st.session, st.reused = decode._session_for(self.model, st.prompt,
+                                                        self.batch.use_mtp)
+            rest = st.prompt[st.reused:]
+            st.prefill = st.session.prefill_chunks(rest) if rest else iter(())
+        st = self.joining
+        if next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt):
+            return []  # more chunks to go: the batch runs a cycle meanwhile
+        self.joining = None
+        return [self._first_token(st)]
+
+    def _first_token(self, st: Stream) -> tuple[Stream, Event]:
+        s, row, reply = st.session, st.row, st.reply
+        x0 = decode._draw(s.last_logits, row.params, reply.counts, next(row.keys),
+                          row.constraint)
+        st.after_prompt = s.snapshot()
+        self.model.prompt_cache.keep(st.after_prompt)
+        prefill = PrefillStats(prompt_tokens=len(st.prompt), reused_tokens=st.reused,
+                               seconds=time.perf_counter() - st.submitted)
+        ev = reply.emit(*decode._cut(reply, [x0], row.constraint), prefill=prefill)
+        if ev.finish_reason is not None:
+            return self._end(st, ev)
+        st.x0 = x0
+        self.batch.join(s)
+        st.session = st.prefill = None
+        self.active.append(st)
+        return st, ev
+
+    # -- the batched cycle ----------------------------------------------------------------------
+    def _cycle(self) -> list[tuple[Stream, Event]]:
+        c = self._launch()
+        verdicts = [self._accept(b, c) for b in range(len(self.active))]
+        t_accept = time.perf_counter()
+        results = self._sync(c, verdicts)
+        t_sync = time.perf_counter()
+        cut, keeps = [], []
+        for st, (n, extra, drafted) in zip(self.active, results):
+            tokens, reason = st.reply.cut(drafted[:n] + [extra])
+            if st.row.constraint is not None:
+                st.row.constraint.advance(tokens)
+            cut.append((tokens, reason))
+            keeps.append(min(n, len(tokens)))
+            c.inputs.append([st.x0] + drafted)
+        self.batch.commit(c.inputs, keeps, c.ver,
+                          drafted=self.batch.use_mtp and max(c.ks) > 0)
+        now = time.perf_counter()
+        times = dict(t_draft=c.t_draft, t_verify=c.t_verify, t_accept=t_accept - c.t0
+                     - c.t_draft - c.t_verify, t_sync=t_sync - t_accept, t_commit=now - t_sync,
+                     t_total=now - c.t0)
+        self.cycles += 1
+        return self._emit(c, results, cut, times)
+
+    def _emit(self, c: _Cycle, results, cut, times: dict) -> list[tuple[Stream, Event]]:
+        out, done = [], []
+        for b, st in enumerate(self.active):
+            n, extra, drafted = results[b]
+            tokens, reason = cut[b]
+            stats = CycleStats(
+                index=st.reply.next_cycle(), depth=c.ks[b], drafted=tuple(drafted),
+                accepted=n, emitted=tuple(tokens),
+                from_draft=tuple(i < n for i in range(len(tokens))),
+                extra_kind="plain" if st.plain else cycle._extra_kind(len(tokens), n, c.ks[b]),
+                context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b], **times)
+            if st.controller is not None:
+                st.controller.observe(stats)
+            ev = st.reply.emit(tokens, reason, stats=stats)
+            st.x0 = extra
+            if ev.finish_reason is not None:
+                out.append(self._end(st, ev, row=b))
+                done.append(b)
+            else:
+                out.append((st, ev))
+        self._leave(done)
+        return out
+
+    def _depth(self, st: Stream) -> tuple[int, str]:
+        if st.row.constraint is not None:
+            return 0, "structured output"
+        k, reason = st.controller.choose() if st.controller else (st.depth, "fixed")
+        return max(0, min(int(k), st.reply.remaining - 1)), reason
+
+    def _launch(self) -> _Cycle:
+        """Depths, drafts (started computing) and the verify forward (lazy)."""
+        t0 = time.perf_counter()
+        chosen = [self._depth(st) for st in self.active]
+        ks = [k for k, _ in chosen]
+        c = _Cycle(ks=ks, reasons=[r for _, r in chosen], proposals=self._draft(ks), t0=t0)
+        tokens = [p.tokens for p in c.proposals if p is not None]
+        if tokens:
+            mx.async_eval(tokens)
+        t1 = time.perf_counter()
+        S = max(ks) + 1
+        rows = []
+        for st, k, p in zip(self.active, ks, c.proposals):
+            parts = [mx.array([st.x0], dtype=mx.int32)]
+            if p is not None:
+                parts.append(p.tokens.astype(mx.int32))
+            if S - 1 - k:
+                parts.append(mx.zeros((S - 1 - k,), dtype=mx.int32))
+            rows.append(mx.concatenate(parts) if len(parts) > 1 else parts[0])
+        c.ver = self.batch.verify(mx.stack(rows))
+        mx.async_eval(c.ver.logits)
+        c.t_draft, c.t_verify = t1 - t0, time.perf_counter() - t1
+        return c
+
+    def _draft(self, ks: list[int]) -> list[Proposal | None]:
+        if max(ks) == 0:
+            return [None] * len(ks)
+        if self.batch.use_mtp:
+            return self._draft_mtp(ks)
+        out: list[Proposal | None] = []
+        for st, k in zip(self.active, ks):
+            r = st.row
+            out.append(None if k == 0 else r.drafter.draft(DraftRequest(
+                x0=st.x0, k=k, generated=r.reply.generated, params=r.params,
+                counts=r.reply.counts, key=None if r.params.greedy else next(r.keys))))
+        return out
+
+    def _draft_mtp(self, ks: list[int]) -> list[Proposal | None]:
+        """The MTP head drafts for every row at once: ``max(ks)`` head forwards over [B, ·];
+        row b samples its first ``ks[b]`` drafts exactly as ``MTPDrafter`` would."""
+        rows = [st.row for st in self.active]
+        keys = [[None] * k if k == 0 or r.params.greedy else sampling.split_key(next(r.keys), k)
+                for r, k in zip(rows, ks)]
+        greedy = all(r.params.greedy and r.reply.counts is None for r in rows)
+        drafts: list[list[mx.array]] = [[] for _ in rows]
+        qs: list[list] = [[] for _ in rows]
+        out = self.batch.mtp_first([st.x0 for st in self.active])
+        steps = max(ks)
+        for j in range(steps):
+            logits = self.batch.logits(out[:, -1])  # [B, V]
+            top = mx.argmax(logits, axis=-1).astype(mx.int32) if greedy else None
+            step = []
+            for b, (r, k) in enumerate(zip(rows, ks)):
+                if j >= k:
+                    step.append(mx.array(0, dtype=mx.int32))
+                    continue
+                if greedy:
+                    d, q = top[b], None
+                else:
+                    d, q = pick_draft(logits[b:b + 1], r.params,
+                                      draft_counts(r.reply.counts, drafts[b]), keys[b][j],
+                                      self.draft_mode)
+                drafts[b].append(d)
+                if q is not None:
+                    qs[b].append(q)
+                step.append(d)
+            if j + 1 < steps:
+                out = self.batch.mtp_next(out, mx.stack(step))
+        return [Proposal(tokens=mx.stack(drafts[b]), q=stack_q(qs[b])) if k else None
+                for b, k in enumerate(ks)]
+
+    def _accept(self, b: int, c: _Cycle) -> cycle.Verdict:
+        st, k, p = self.active[b], c.ks[b], c.proposals[b]
+        logits = c.ver.logits[b, :k + 1]
+        if st.plain:  # one token, drawn as decode.run_plain draws it
+            r = st.row
+            key = None if r.params.greedy else next(r.keys)
+            if r.constraint is not None:
+                logits = grammar.masked(logits, r.constraint.allowed())
+            y, exact = decode._pick(logits, r.params, r.reply.counts, key)
+            return cycle.Verdict(mx.array(0, dtype=mx.int32), y, exact=exact, key=key)
+        d = cycle.Draft(x0=st.x0, k=k, reason=c.reasons[b], proposal=p, t0=c.t0, t_draft=0.0)
+        ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
+        return cycle.accept(st.row, d, ver)
+
+    def _sync(self, c: _Cycle, verdicts: list[cycle.Verdict]) -> list[tuple[int, int, list[int]]]:
+        """The cycle's one host synchronisation, for every row; a row whose compact
+        acceptance tied at the top-k boundary is redone densely (only then a second sync)."""
+        outs = []
+        for v, p in zip(verdicts, c.proposals):
+            outs += [v.n, v.extra] + ([p.tokens] if p is not None else []) + \
+                ([v.exact] if v.exact is not None else [])
+        mx.eval(outs)
+        results = []
+        for b, (v, p) in enumerate(zip(verdicts, c.proposals)):
+            if v.exact is not None and not v.exact.item():
+                v = self._dense(b, c, v)
+            drafted = p.tokens.tolist() if p is not None else []
+            results.append((int(v.n.item()), int(v.extra.item()), drafted))
+        return results
+
+    def _dense(self, b: int, c: _Cycle, v: cycle.Verdict) -> cycle.Verdict:
+        st, k = self.active[b], c.ks[b]
+        logits = c.ver.logits[b, :k + 1]
+        if st.plain:
+            r = st.row
+            if r.constraint is not None:
+                logits = grammar.masked(logits, r.constraint.allowed())
+            y, _ = decode._pick(logits, r.params, r.reply.counts, v.key, dense=True)
+            return cycle.Verdict(v.n, y)
+        d = cycle.Draft(x0=st.x0, k=k, reason="", proposal=c.proposals[b], t0=c.t0, t_draft=0.0)
+        ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
+        v = cycle.accept(st.row, d, ver, key=v.key, dense=True)
+        mx.eval(v.n, v.extra)
+        return v

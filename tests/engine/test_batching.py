@@ -1,0 +1,245 @@
+"""Batched multi-stream MTP decoding (``engine.batching``): every stream exactly as alone.
+
+Greedy streams at mixed depths equal their single-stream output (streams that finish early,
+join late or are cancelled included) on tiny dense and MoE models of the real layout and on
+the demo model; seeded sampled streams give the same tokens batched and alone; batched depth-2
+sampling follows plain decoding's distribution (chi-square); after every batched commit each
+row's state equals a fresh single-stream decode over its committed tokens; memory stays flat
+across many joins and leaves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import engine
+from engine import SamplingParams
+from engine.batching import BatchDecoder
+from engine.drafters import ReplayDrafter
+from engine.errors import GenerationError
+from engine.session import Session
+from tests.engine.test_decode import draft_one, prompts
+from tests.tinymodels import build_tiny_model
+
+DEPTHS = [0, 1, 3, "auto", 2, 0, 3, 1]
+BUDGETS = [37, 9, 37, 30, 4, 37, 25, 37]  # some streams finish early
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "models" / "mtp-demo-qwen3_5"
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    return engine.load(build_tiny_model(tmp_path_factory.mktemp("moe") / "m", seed=4, moe=True))
+
+
+@pytest.fixture(scope="module")
+def demo_model():
+    return engine.load(DEMO)
+
+
+def alone(model, prompt, *, depth, max_tokens, **kw) -> list[int]:
+    model.reset_prompt_cache()
+    out = []
+    for ev in model.generate(prompt, max_tokens=max_tokens, depth=depth, **kw):
+        out.extend(ev.token_ids)
+    return out
+
+
+def batched(dec: BatchDecoder, streams, *, on_step=None) -> dict[str, list[int]]:
+    got = {s.id: [] for s in streams}
+    reasons = {}
+    while dec.busy:
+        for st, ev in dec.step():
+            got.setdefault(st.id, []).extend(ev.token_ids)
+            if ev.finish_reason:
+                reasons[st.id] = ev.finish_reason
+        if on_step is not None:
+            on_step(dec)
+    assert set(reasons) == set(got), "every stream ends with a finish reason"
+    return got
+
+
+def _demo_prompts(model, n):
+    texts = ["Write a python function that sorts a list.", "Explain json.dumps.",
+             "def hello(name):", "What does os.path.join do?", "Write a stack class.",
+             "Explain recursion.", "import json\n", "List three sorting algorithms."]
+    return [model.chat_ids([{"role": "user", "content": t}], enable_thinking=False)
+            for t in texts[:n]]
+
+
+@pytest.mark.parametrize("which", ["dense", "moe", "demo"])
+def test_greedy_batch_equals_each_stream_alone(which, tiny_model, moe_model, demo_model):
+    model = {"dense": tiny_model, "moe": moe_model, "demo": demo_model}[which]
+    ps = _demo_prompts(model, 8) if which == "demo" else prompts(8, seed=31)
+    refs = [alone(model, p, depth=d, max_tokens=n) for p, d, n in zip(ps, DEPTHS, BUDGETS)]
+    model.reset_prompt_cache()
+    dec = BatchDecoder(model, max_streams=8)
+    streams = [dec.add(p, depth=d, max_tokens=n) for p, d, n in zip(ps, DEPTHS, BUDGETS)]
+    got = batched(dec, streams)
+    for s, ref, d in zip(streams, refs, DEPTHS):
+        assert got[s.id] == ref, (which, d)
+    assert dec.cycles < sum(len(r) for r in refs)  # rows really shared cycles
+
+
+def test_streams_join_late_and_cancel_mid_batch(tiny_model):
+    """Streams added while others run, more streams than rows (a queue), and one cancelled
+    after a few cycles: the others are undisturbed, the cancelled one ends 'cancelled'."""
+    ps = prompts(8, seed=32)
+    refs = [alone(tiny_model, p, depth=d, max_tokens=37) for p, d in zip(ps, DEPTHS)]
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=3)
+    cancel = threading.Event()
+    streams = [dec.add(ps[0], depth=DEPTHS[0], max_tokens=37),
+               dec.add(ps[1], depth=DEPTHS[1], max_tokens=37, cancel=cancel)]
+    got = {s.id: [] for s in streams}
+    ends = {}
+    step = 0
+    while dec.busy or len(streams) < 8:
+        if step % 3 == 2 and len(streams) < 8:  # join late, between cycles
+            i = len(streams)
+            streams.append(dec.add(ps[i], depth=DEPTHS[i], max_tokens=37))
+            got[streams[-1].id] = []
+        if step == 4:
+            cancel.set()
+        for st, ev in dec.step():
+            got[st.id].extend(ev.token_ids)
+            if ev.finish_reason:
+                ends[st.id] = ev.finish_reason
+        step += 1
+    assert ends[streams[1].id] == "cancelled"
+    assert got[streams[1].id] == refs[1][:len(got[streams[1].id])]
+    assert len(got[streams[1].id]) < len(refs[1])
+    for i, s in enumerate(streams):
+        if i != 1:
+            assert got[s.id] == refs[i], i
+            assert ends[s.id] in ("stop", "length")
+
+
+def test_seeded_sampling_is_identical_batched_and_alone(tiny_model):
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, presence_penalty=0.3)
+    ps = prompts(6, seed=33)
+    depths = [0, 1, 2, 3, 2, 0]
+    refs = [alone(tiny_model, p, depth=d, max_tokens=30, sampling=params, seed=100 + i)
+            for i, (p, d) in enumerate(zip(ps, depths))]
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=6)
+    streams = [dec.add(p, depth=d, max_tokens=30, sampling=params, seed=100 + i)
+               for i, (p, d) in enumerate(zip(ps, depths))]
+    got = batched(dec, streams)
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref
+
+
+def test_batched_depth2_sampling_follows_plain_distribution():
+    """Pairs (t2, t3) sampled by 8-row batches at depth 2 (rows with their own seeds, next to
+    greedy and depth-3 rows) fit the exact plain-decoding distribution."""
+    pytest.importorskip("scipy")
+    from tests.engine.test_distribution import (PROMPT, SETTINGS, V, chi_square_p,
+                                                exact_pair_distribution)
+    import tempfile
+
+    d = build_tiny_model(Path(tempfile.mkdtemp()) / "m", vocab_size=V, seed=21, hidden=32)
+    m = engine.load(d)
+    model = engine.Model(trunk=m.trunk, mtp=m.mtp, tokenizer=m.tokenizer,
+                         info=dataclasses.replace(m.info, eos_token_ids=()))
+    params = SETTINGS[0]
+    expected = exact_pair_distribution(model, params).ravel()
+    counts = np.zeros(V * V)
+    n_batches = 150
+    for i in range(n_batches):
+        model.reset_prompt_cache()
+        dec = BatchDecoder(model, max_streams=10)
+        rows = [dec.add(PROMPT, depth=2, max_tokens=4, sampling=params, seed=10_000 + 8 * i + j)
+                for j in range(8)]
+        dec.add(PROMPT[:3], depth=3, max_tokens=6)  # neighbours of other kinds
+        dec.add(PROMPT[1:], depth=0, max_tokens=5, sampling=params, seed=i)
+        got = batched(dec, rows)
+        for r in rows:
+            counts[got[r.id][1] * V + got[r.id][2]] += 1
+    p = chi_square_p(counts, expected)
+    assert p > 0.001, p
+
+
+def test_every_row_matches_a_fresh_decode_after_each_commit(tiny_model):
+    """Rollback per row: after every batched cycle, each row's next-step logits and its MTP
+    head's next draft equal a fresh single-stream decode over the row's committed tokens."""
+    ps = prompts(4, seed=34)
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=4)
+    for p, d in zip(ps, [1, 3, 2, "auto"]):
+        dec.add(p, depth=d, max_tokens=24)
+    checked = 0
+
+    def check(dec: BatchDecoder) -> None:
+        nonlocal checked
+        for b, st in enumerate(dec.active):
+            live = dec.batch.extract(b)
+            fresh = Session.fresh(tiny_model, use_mtp=True)
+            fresh.prefill(list(live.fed))
+            np.testing.assert_allclose(np.array(live.last_logits), np.array(fresh.last_logits),
+                                       atol=5e-4)  # float32 rounding of [B, S] matmuls
+            assert int(mx.argmax(live.last_logits).item()) == \
+                int(mx.argmax(fresh.last_logits).item())
+            assert live.mtp_rows + len(live.pending_tok) == len(live.fed) - 1  # MTP invariant
+            assert live.mtp_cache[0].offset == live.mtp_rows
+            assert draft_one(live, st.x0).tolist() == draft_one(fresh, st.x0).tolist()
+            checked += 1
+
+    batched(dec, list(dec.waiting), on_step=check)
+    assert checked > 20
+
+
+def test_memory_is_flat_across_many_joins_and_leaves(tiny_model):
+    """1,000 streams join and leave (2 tokens each, 4 rows at a time): active memory after the
+    last equals what it was early on, within a small slack."""
+    m = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp, tokenizer=tiny_model.tokenizer,
+                     info=dataclasses.replace(tiny_model.info, eos_token_ids=()))
+    ps = prompts(16, seed=35)
+    dec = BatchDecoder(m, max_streams=4)
+    mx.clear_cache()
+    marks = []
+    for i in range(1000):
+        dec.add(ps[i % 16], depth=(0, 1, 2, "auto")[i % 4], max_tokens=2)
+        if len(dec.waiting) >= 4:
+            while dec.waiting or dec.joining:
+                dec.step()
+        if i in (100, 999):
+            while dec.busy:
+                dec.step()
+            m.reset_prompt_cache()
+            mx.clear_cache()
+            marks.append(mx.get_active_memory())
+    assert marks[1] - marks[0] < 256 * 1024, marks
+
+
+def test_bad_requests_fail_when_added(tiny_model):
+    dec = BatchDecoder(tiny_model, max_streams=2)
+    with pytest.raises(GenerationError):
+        dec.add([], max_tokens=4)
+    with pytest.raises(GenerationError):
+        dec.add([1, 2, 10**9], max_tokens=4)
+    with pytest.raises(GenerationError):
+        dec.add([1, 2], max_tokens=0)
+    with pytest.raises(GenerationError):
+        dec.add([1, 2], max_tokens=4, drafter=ReplayDrafter([1]))  # MTP batch
+    with pytest.raises(GenerationError):
+        BatchDecoder(tiny_model, max_streams=0)
+    assert not dec.busy
+
+
+def test_replay_drafters_batch_without_the_head(tiny_model):
+    """A batch of replay drafters (the bench's ceiling) needs no MTP head and is exact."""
+    ps = prompts(4, seed=36)
+    refs = [alone(tiny_model, p, depth=0, max_tokens=30) for p in ps]
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=4, use_mtp=False)
+    streams = [dec.add(p, depth=d, max_tokens=30, drafter=ReplayDrafter(r))
+               for p, d, r in zip(ps, [1, 2, 4, 6], refs)]
+    got = batched(dec, streams)
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref
+    assert dec.cycles <= 30 // 2 + 2
