@@ -1,7 +1,8 @@
 """The worker: the only caller of the engine. A QObject living on its own QThread, which
 loads the models and hosts the engine's scheduler (``engine.server.scheduler.Scheduler``):
-chat replies and local-server requests queue together in its FIFO and run one at a time on
-this thread, so they never race for the model (MLX streams are thread-local).
+chat replies and local-server requests queue together in its FIFO and run on this thread, so
+they never race for the model (MLX streams are thread-local); when several are in flight they
+decode together in one batch (``engine.batching``, up to ``DEFAULT_STREAMS``).
 
 Contract
 --------
@@ -57,6 +58,7 @@ import engine
 from app.errors import describe
 from engine import tuner
 from engine.errors import EngineError
+from engine.batching import DEFAULT_STREAMS
 from engine.server.scheduler import (
     Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
 from engine.types import Event, SamplingParams
@@ -121,7 +123,8 @@ class Worker(QObject):
         self._tune_cancel = threading.Event()
         self._other_ids: dict[str, int] = {}
         self._other_seq = itertools.count(1)
-        self.scheduler = Scheduler.hosted(self._sig_wake.emit, max_queue=MAX_QUEUE)
+        self.scheduler = Scheduler.hosted(self._sig_wake.emit, max_queue=MAX_QUEUE,
+                                          max_streams=DEFAULT_STREAMS)
         self.scheduler.add_observer(self._observe)
         self._sig_load.connect(self.load)
         # queued even when emitted on the worker thread: one request per event-loop turn

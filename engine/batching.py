@@ -187,6 +187,8 @@ class BatchDecoder:
     def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
         """``st`` is done with ``ev``; its final state goes to the prompt cache."""
         st.finished = True
+        if st.controller is not None:  # what auto learnt carries to the model's next reply
+            self.model.depth_controller = st.controller
         session = st.session if row is None else self.batch.extract(row)
         if session is not None and st.after_prompt is not None:
             decode._keep(self.model, st.after_prompt, session.snapshot())
@@ -265,7 +267,8 @@ class BatchDecoder:
                 accepted=n, emitted=tuple(tokens),
                 from_draft=tuple(i < n for i in range(len(tokens))),
                 extra_kind="plain" if st.plain else cycle._extra_kind(len(tokens), n, c.ks[b]),
-                context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b], **times)
+                context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b],
+                batch_rows=len(self.active), **times)
             if st.controller is not None:
                 st.controller.observe(stats)
             ev = st.reply.emit(tokens, reason, stats=stats)

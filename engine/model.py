@@ -31,6 +31,8 @@ class Model:
     ``depth_controller`` (what ``depth="auto"`` has learnt; made by the first such reply).
     """
 
+    batchable = True  # ``engine.batching.BatchDecoder`` can decode several replies together
+
     def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
         self.trunk = trunk            # mlx_lm.models.qwen3_5.Model
         self.mtp = mtp                # engine.mtp.MTPHead | None

@@ -97,6 +97,7 @@ class ReplySummary:
     depth_max: int
     host_syncs: int
     finish_reason: FinishReason | None
+    batch_max: int = 1       # the most streams this reply shared a cycle with (batching)
 
     @property
     def tokens_per_s(self) -> float:
@@ -172,7 +173,7 @@ def _summary(cs: list[CycleStats], *, tokens: int, prompt: int, reused: int, ttf
         drafted=sum(len(c.drafted) for c in cs), accepted=sum(c.accepted for c in cs),
         positions=position_counts(cs), depth_min=min(drafting, default=0),
         depth_max=max(drafting, default=0), host_syncs=sum(c.host_syncs for c in cs),
-        finish_reason=finish)
+        finish_reason=finish, batch_max=max((c.batch_rows for c in cs), default=1))
 
 
 def summarize(events: Iterable[Event]) -> ReplySummary:

@@ -102,6 +102,7 @@ class CycleStats:
     context_tokens: int = 0
     host_syncs: int = 1
     depth_reason: str = ""
+    batch_rows: int = 1  # streams decoded in this cycle (``engine.batching``)
 
 
 @dataclass(frozen=True)

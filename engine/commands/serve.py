@@ -27,6 +27,25 @@ def _port(text: str) -> int:
     return port
 
 
+def _default_streams() -> int:
+    from engine.batching import DEFAULT_STREAMS
+
+    return DEFAULT_STREAMS
+
+
+def _streams(text: str) -> int:
+    """An argparse type: how many streams a batch holds, 1..64."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"--max-streams is a number from 1 to 64, not {text!r}")
+    return n
+
+
 def add_arguments(p) -> None:
     from engine.commands.generate import add_model_arguments
 
@@ -40,6 +59,8 @@ def add_arguments(p) -> None:
                    "(requests may override it with \"mtp\": {\"depth\": ...})")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait; past "
                    "that the server answers 429 (default 16)")
+    p.add_argument("--max-streams", type=_streams, default=None, help="requests decoded "
+                   "together in one batch (1 = one at a time; default %d)" % _default_streams())
     p.add_argument("--drain-seconds", type=float, default=10.0, help="on Ctrl+C, how long "
                    "in-flight replies may run before they are cancelled (default 10)")
 
@@ -84,7 +105,8 @@ def run(args) -> int:
 
         return load_model(path, dtype=args.dtype)
 
-    scheduler = Scheduler(loader=load, max_queue=args.max_queue).start()
+    streams = args.max_streams or _default_streams()
+    scheduler = Scheduler(loader=load, max_queue=args.max_queue, max_streams=streams).start()
     server = Server(scheduler, host=args.host, port=args.port, api_key=args.api_key,
                     default_depth=depth, drain_s=args.drain_seconds)
     _announce_when_started(server, args.json)

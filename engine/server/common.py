@@ -241,6 +241,7 @@ def mtp_stats(summary: ReplySummary | None, depth: Depth, queued_s: float = 0.0)
         "draft_acceptance": r(summary.draft_acceptance), "cycles": summary.cycles,
         "drafted": summary.drafted, "accepted": summary.accepted,
         "ttft_s": r(summary.ttft_s), "queued_s": r(queued_s),
+        "batch_max": summary.batch_max,
         "prompt_tokens": summary.prompt_tokens, "reused_prompt_tokens": summary.reused_tokens,
         "completion_tokens": summary.tokens, "finish_reason": summary.finish_reason,
     }

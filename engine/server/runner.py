@@ -175,13 +175,17 @@ class Server:
 
 
 def start_server(model_or_scheduler, *, host: str = "127.0.0.1", port: int = 8080,
-                 max_queue: int = 16, **kwargs) -> Server:
+                 max_queue: int = 16, max_streams: int | None = None, **kwargs) -> Server:
     """Serve a ``Scheduler`` (shared, e.g. the app's: its other clients go on while the
     server drains) or a model handed over for good (wrapped in a new scheduler) on a
-    background thread; returns the started ``Server``."""
+    background thread; returns the started ``Server``. ``max_streams``: requests decoded
+    together (``engine.batching``; default ``DEFAULT_STREAMS``, 1 = one at a time)."""
     scheduler = model_or_scheduler
     shared = isinstance(scheduler, Scheduler)
     if not shared:
-        scheduler = Scheduler(model=model_or_scheduler, max_queue=max_queue).start()
+        if max_streams is None:
+            from engine.batching import DEFAULT_STREAMS as max_streams
+        scheduler = Scheduler(model=model_or_scheduler, max_queue=max_queue,
+                              max_streams=max_streams).start()
     kwargs.setdefault("shared", shared)
     return Server(scheduler, host=host, port=port, **kwargs).start()

@@ -40,8 +40,13 @@ scheduler drains its own requests and leaves the chat's alone). ``add_observer(f
 ``fn(request, item)`` on the worker thread after each item's sink (the app's dashboard
 watches server requests this way).
 
-Today the worker runs one request at a time; a batching worker would pop several
-``GenRequest`` rows and call each sink the same way.
+Batching: with ``max_streams`` > 1 and a model that can batch (``Model.batchable``: the real
+engine, not a scripted fake) the worker decodes up to ``max_streams`` requests together
+(``engine.batching.BatchDecoder``): requests join between cycles after their prefill and leave
+when they finish, each with its own sampling, seed, depth and cancel flag, and every sink sees
+exactly what it would see alone (the same ``Event`` stream, then ``Done``). ``run_next`` then
+runs until the batch is empty (requests that arrive meanwhile join it). With
+``max_streams == 1`` requests run one at a time through ``Model.generate``.
 """
 from __future__ import annotations
 
@@ -113,19 +118,21 @@ class Scheduler:
     """See the module docstring."""
 
     def __init__(self, *, loader: Callable[[], object] | None = None, model=None,
-                 max_queue: int = 16, wake: Callable[[], None] | None = None) -> None:
+                 max_queue: int = 16, wake: Callable[[], None] | None = None,
+                 max_streams: int = 1) -> None:
         if wake is None and (loader is None) == (model is None):
             raise ValueError("pass exactly one of loader= or model=")
         self._loader = loader
         self.model = model
         self.info: ModelInfo | None = getattr(model, "info", None)
         self.max_queue = max_queue
+        self.max_streams = max_streams
         self._wake = wake
         self._queue: queue.Queue[tuple[GenRequest, Sink] | None] = queue.Queue()
         self._waiting: list[GenRequest] = []
         self._lock = threading.Lock()           # guards _waiting / _running / _closed
         self._tok_lock = threading.RLock()      # held around every generator step
-        self._running: GenRequest | None = None
+        self._running: list[GenRequest] = []
         self._closed = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -134,9 +141,10 @@ class Scheduler:
         self.completed = 0
 
     @classmethod
-    def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16) -> Scheduler:
+    def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16,
+               max_streams: int = 1) -> Scheduler:
         """A scheduler without a thread of its own: see "Hosting" in the module docstring."""
-        return cls(wake=wake, max_queue=max_queue)
+        return cls(wake=wake, max_queue=max_queue, max_streams=max_streams)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Scheduler:
@@ -182,7 +190,7 @@ class Scheduler:
 
     def cancel_all(self, client: str | None = None) -> None:
         with self._lock:
-            reqs = list(self._waiting) + ([self._running] if self._running else [])
+            reqs = list(self._waiting) + list(self._running)
         for req in reqs:
             if client is None or req.client == client:
                 req.cancel.set()
@@ -202,12 +210,12 @@ class Scheduler:
     def busy(self) -> int:
         """Requests waiting or running."""
         with self._lock:
-            return len(self._waiting) + (self._running is not None)
+            return len(self._waiting) + len(self._running)
 
     def count(self, client: str) -> int:
         """``client``'s requests waiting or running."""
         with self._lock:
-            reqs = self._waiting + ([self._running] if self._running else [])
+            reqs = self._waiting + self._running
         return sum(r.client == client for r in reqs)
 
     def submit(self, req: GenRequest, sink: Sink) -> None:
@@ -259,17 +267,100 @@ class Scheduler:
     def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
         if job is None:
             return False
+        if self.max_streams > 1 and getattr(self.model, "batchable", False):
+            return self._run_batch(job)
         req, sink = job
-        with self._lock:
-            self._waiting = [r for r in self._waiting if r is not req]
-            self._running = req
+        self._begin(req)
         try:
             self._run(req, self._observed(req, sink))
         finally:
-            with self._lock:
-                self._running = None
-            self.completed += 1
+            self._end(req)
         return True
+
+    def _begin(self, req: GenRequest) -> None:
+        with self._lock:
+            self._waiting = [r for r in self._waiting if r is not req]
+            self._running.append(req)
+
+    def _end(self, req: GenRequest) -> None:
+        with self._lock:
+            self._running = [r for r in self._running if r is not req]
+        self.completed += 1
+
+    # ------------------------------------------------------------------ batched worker
+    def _run_batch(self, job: tuple[GenRequest, Sink]) -> bool:
+        """Decode ``job`` and every request that arrives meanwhile together, until none is
+        left (see "Batching" in the module docstring). False when ``stop`` was called."""
+        from engine.batching import BatchDecoder
+
+        dec = BatchDecoder(self.model, max_streams=self.max_streams)
+        live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
+        go_on = True
+        self._admit(dec, live, job)
+        while True:
+            while go_on and len(dec.waiting) + len(dec.active) + (dec.joining is not None) \
+                    < self.max_streams:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    go_on = False
+                else:
+                    self._admit(dec, live, nxt)
+            if not dec.busy:
+                return go_on
+            if not self._batch_step(dec, live):
+                dec = BatchDecoder(self.model, max_streams=self.max_streams)
+
+    def _admit(self, dec, live: dict, job: tuple[GenRequest, Sink]) -> None:
+        req, sink = job
+        self._begin(req)
+        sink, tally = self._observed(req, sink), ReplyTally()
+        _safe(sink, Started(time.perf_counter() - req.submitted_at))
+        try:
+            if req.cancel.is_set():
+                ev = Event(token_ids=(), finish_reason="cancelled")
+                tally.add(ev)
+                _safe(sink, ev)
+                return self._finish(req, sink, Done(tally.summary()))
+            with self._tok_lock:
+                model = self.model
+                ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
+                st = dec.add(ids, max_tokens=req.max_tokens, depth=req.depth,
+                             sampling=req.sampling, seed=req.seed, cancel=req.cancel,
+                             stop_strings=req.stop_strings,
+                             **_constraint_kw(model, req.response_format))
+        except Exception as exc:  # noqa: BLE001 - one request failing must not stop the others
+            log.warning("request %s failed: %s", req.id, exc, exc_info=not _expected(exc))
+            return self._finish(req, sink, Failed(exc))
+        live[st.id] = (req, sink, tally)
+
+    def _batch_step(self, dec, live: dict) -> bool:
+        """One ``dec.step()``, its events to their sinks; False when it failed (every request
+        in it has then ended with ``Failed``)."""
+        try:
+            with self._tok_lock:
+                events = dec.step()
+        except Exception as exc:  # noqa: BLE001 - the batch's state is unknown: end it all
+            log.exception("a batched cycle failed")
+            for req, sink, _ in live.values():
+                req.cancel.set()
+                self._finish(req, sink, Failed(exc))
+            live.clear()
+            return False
+        for st, ev in events:
+            req, sink, tally = live[st.id]
+            tally.add(ev)
+            _safe(sink, ev)
+            if ev.finish_reason is not None:
+                del live[st.id]
+                self._finish(req, sink, Done(tally.summary()))
+        return True
+
+    def _finish(self, req: GenRequest, sink: Sink, item: Item) -> None:
+        _safe(sink, item)
+        self._end(req)
 
     def _observed(self, req: GenRequest, sink: Sink) -> Sink:
         if not self._observers:

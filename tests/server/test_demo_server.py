@@ -170,6 +170,7 @@ def test_eight_concurrent_clients_all_correct(demo_server, reference):
         ids = reference.chat_ids([{"role": "user", "content": p}], enable_thinking=False)
         want.append(greedy(reference, ids, max_tokens=24)[0].lstrip("\n"))
     got: dict[int, str] = {}
+    batched: list[int] = []
 
     def ask(i):
         r = httpx.post(demo_server.url + "/v1/chat/completions", timeout=60, json={
@@ -182,6 +183,7 @@ def test_eight_concurrent_clients_all_correct(demo_server, reference):
                              for c in lines if c["choices"])
         else:
             got[i] = r.json()["choices"][0]["message"]["content"]
+            batched.append(r.json()["mtp"]["batch_max"])
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
     for t in threads:
@@ -189,6 +191,7 @@ def test_eight_concurrent_clients_all_correct(demo_server, reference):
     for t in threads:
         t.join(90)
     assert [got.get(i) for i in range(8)] == want
+    assert max(batched) >= 2, batched  # the requests were decoded together (engine.batching)
 
 
 def test_client_disconnect_frees_the_engine(demo_server, oai):
