@@ -173,9 +173,10 @@ class Batch:
 
     # -- verify and commit --------------------------------------------------------------------
     def verify(self, inputs: mx.array) -> BatchVerified:
-        """ONE trunk forward over ``inputs`` [B, S] (each row's x0, drafts, padding)."""
+        """ONE trunk forward over ``inputs`` [B, S] (each row's x0, drafts, padding). With
+        S == 1 (no row drafted) nothing is rejected, so mlx-lm's own layers run (no captures)."""
         tm = self.model.text_model
-        h, caps = forward_hidden(tm, inputs, self.trunk_cache, capture=True)
+        h, caps = forward_hidden(tm, inputs, self.trunk_cache, capture=inputs.shape[1] > 1)
         return BatchVerified(hidden=h, logits=lm_head(tm, h), captures=caps)
 
     def commit(self, inputs: list[list[int]], keeps: list[int], ver: BatchVerified, *,

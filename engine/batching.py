@@ -157,13 +157,19 @@ class BatchDecoder:
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[tuple[Stream, Event]]:
-        """Cancel what was cancelled, run one prefill chunk (if a stream waits and a row is
-        free) and one batched cycle (if any row is joined); returns the events, in order."""
-        out = self._drop_cancelled()
-        out += self._prefill_step()
-        if self.active:
-            out += self._cycle()
-        return out
+        """``admit_step()`` then ``cycle_step()``; returns their events, in order."""
+        return self.admit_step() + self.cycle_step()
+
+    def admit_step(self) -> list[tuple[Stream, Event]]:
+        """End cancelled streams and run one prefill chunk (if a stream waits and a row is
+        free): a stream whose prompt is done gets its first token here and joins the batch.
+        (Callers that deliver events hand these out before the cycle: a joining stream's time
+        to first token is its prefill chunk, not the cycle after it.)"""
+        return self._drop_cancelled() + self._prefill_step()
+
+    def cycle_step(self) -> list[tuple[Stream, Event]]:
+        """One batched cycle over the joined rows (none: nothing)."""
+        return self._cycle() if self.active else []
 
     def run(self) -> Iterator[tuple[Stream, Event]]:
         """``step()`` until every stream has finished."""

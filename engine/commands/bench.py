@@ -47,6 +47,10 @@ def add_arguments(p) -> None:
     p.add_argument("--long-max-tokens", default=None, metavar="N,N,...", type=_positives,
                    help="decode tokens per --context length (default: --max-tokens, halved "
                         "above 8k tokens)")
+    p.add_argument("--streams", default=None, metavar="N,N,...", type=_positives,
+                   help="batched mode: aggregate tok/s of N streams decoded together "
+                        "(mlx-lm's BatchGenerator vs this engine's batch at depth 0 and "
+                        "--depths), peak memory per stream, and a joining stream's TTFT")
     p.add_argument("--reopen", type=_positive, default=None, metavar="TOKENS",
                    help="time to first token of a reopened TOKENS-token chat on a freshly "
                         "loaded model, with and without the prompt cache on disk")
@@ -168,6 +172,10 @@ def run(args) -> int:
         depths.insert(0, 0)
     if args.context:
         return _run_context(args, model, [d for d in depths if d != "auto"])
+    if args.streams:
+        from engine.streambench import run_streams
+
+        return run_streams(args, model, depths, _texts(model, args))
     if args.prompt:
         prompts = {"prompts": args.prompt}
     elif args.mixed:

@@ -339,16 +339,21 @@ class Scheduler:
     def _batch_step(self, dec, live: dict) -> bool:
         """One ``dec.step()``, its events to their sinks; False when it failed (every request
         in it has then ended with ``Failed``)."""
-        try:
-            with self._tok_lock:
-                events = dec.step()
-        except Exception as exc:  # noqa: BLE001 - the batch's state is unknown: end it all
-            log.exception("a batched cycle failed")
-            for req, sink, _ in live.values():
-                req.cancel.set()
-                self._finish(req, sink, Failed(exc))
-            live.clear()
-            return False
+        for part in (dec.admit_step, dec.cycle_step):  # first tokens go out before the cycle
+            try:
+                with self._tok_lock:
+                    events = part()
+            except Exception as exc:  # noqa: BLE001 - the batch's state is unknown: end it all
+                log.exception("a batched cycle failed")
+                for req, sink, _ in live.values():
+                    req.cancel.set()
+                    self._finish(req, sink, Failed(exc))
+                live.clear()
+                return False
+            self._deliver(events, live)
+        return True
+
+    def _deliver(self, events, live: dict) -> None:
         for st, ev in events:
             req, sink, tally = live[st.id]
             tally.add(ev)
@@ -356,7 +361,6 @@ class Scheduler:
             if ev.finish_reason is not None:
                 del live[st.id]
                 self._finish(req, sink, Done(tally.summary()))
-        return True
 
     def _finish(self, req: GenRequest, sink: Sink, item: Item) -> None:
         _safe(sink, item)
