@@ -60,7 +60,6 @@ class Stream:
     prompt: list[int]
     row: cycle.Row                      # ``row.session`` is None: the caches are the batch's
     depth: Depth
-    controller: AdaptiveDepth | None
     submitted: float = field(default_factory=time.perf_counter)
     session: Session | None = None      # while prefilling
     prefill: Iterator[int] | None = None
@@ -76,7 +75,7 @@ class Stream:
     @property
     def plain(self) -> bool:
         """A fixed depth-0 stream: sampled token by token like ``decode.run_plain``."""
-        return self.depth == 0 and self.controller is None
+        return self.depth == 0
 
 
 @dataclass
@@ -89,6 +88,7 @@ class _Cycle:
     inputs: list[list[int]] = field(default_factory=list)  # host ids, filled at the sync
     ver: BatchVerified | None = None
     t0: float = 0.0
+    controller: AdaptiveDepth | None = None  # the auto rows' (``BatchDecoder._controller``)
     t_draft: float = 0.0
     t_verify: float = 0.0
 
@@ -137,23 +137,31 @@ class BatchDecoder:
                       cancel=cancel)
         row = cycle.Row(session=None, drafter=drafter, reply=reply, params=params,
                         keys=decode._keys(seed), constraint=constraint)
-        st = Stream(id=id or f"stream-{next(_ids)}", prompt=prompt, row=row, depth=depth,
-                    controller=self._controller() if depth == "auto" else None)
+        st = Stream(id=id or f"stream-{next(_ids)}", prompt=prompt, row=row, depth=depth)
         self.waiting.append(st)
         return st
 
-    def _controller(self) -> AdaptiveDepth:
-        """A stream's own depth controller, seeded with what the model's has learnt (or the
-        saved tuning)."""
+    def _controller(self, rows: int) -> AdaptiveDepth:
+        """The depth controller of the auto rows while ``rows`` streams decode together.
+
+        A padded verify costs the same for every row, so the depth that maximises the
+        aggregate speed is one decision for the batch: auto rows share a controller per batch
+        size (acceptance pooled over them, cycle time of the whole batch). The one for a lone
+        stream is the model's own (``Model.depth_controller``, shared with ``Model.generate``,
+        so what it learnt carries over); the others live on the model too
+        (``Model.batch_controllers``), seeded with its acceptance (a batch's costs differ)."""
         model = self.model
-        initial = model.depth_controller.state() if model.depth_controller else None
-        if initial is None:
-            try:
-                initial = (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
-            except Exception:  # noqa: BLE001 - a missing tuning only costs warm-up
-                initial = None
         max_d = min(model.info.max_depth or 3, decode.AUTO_MAX_DEPTH)
-        return AdaptiveDepth(max_d, initial=initial)
+        if rows == 1:
+            if model.depth_controller is None or model.depth_controller.max_depth != max_d:
+                model.depth_controller = decode._controller(model, None)
+            return model.depth_controller
+        c = model.batch_controllers.get(rows)
+        if c is None or c.max_depth != max_d:
+            seed = model.depth_controller.state() if model.depth_controller else None
+            c = AdaptiveDepth(max_d, initial={"acceptance": (seed or {}).get("acceptance")})
+            model.batch_controllers[rows] = c
+        return c
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[tuple[Stream, Event]]:
@@ -193,8 +201,6 @@ class BatchDecoder:
     def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
         """``st`` is done with ``ev``; its final state goes to the prompt cache."""
         st.finished = True
-        if st.controller is not None:  # what auto learnt carries to the model's next reply
-            self.model.depth_controller = st.controller
         session = st.session if row is None else self.batch.extract(row)
         if session is not None and st.after_prompt is not None:
             decode._keep(self.model, st.after_prompt, session.snapshot())
@@ -275,8 +281,8 @@ class BatchDecoder:
                 extra_kind="plain" if st.plain else cycle._extra_kind(len(tokens), n, c.ks[b]),
                 context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b],
                 batch_rows=len(self.active), **times)
-            if st.controller is not None:
-                st.controller.observe(stats)
+            if c.controller is not None and st.depth == "auto" and st.row.constraint is None:
+                c.controller.observe(stats)
             ev = st.reply.emit(tokens, reason, stats=stats)
             st.x0 = extra
             if ev.finish_reason is not None:
@@ -287,18 +293,23 @@ class BatchDecoder:
         self._leave(done)
         return out
 
-    def _depth(self, st: Stream) -> tuple[int, str]:
+    def _depth(self, st: Stream, auto: tuple[int, str] | None) -> tuple[int, str]:
         if st.row.constraint is not None:
             return 0, "structured output"
-        k, reason = st.controller.choose() if st.controller else (st.depth, "fixed")
+        k, reason = auto if st.depth == "auto" else (st.depth, "fixed")
         return max(0, min(int(k), st.reply.remaining - 1)), reason
 
     def _launch(self) -> _Cycle:
         """Depths, drafts (started computing) and the verify forward (lazy)."""
         t0 = time.perf_counter()
-        chosen = [self._depth(st) for st in self.active]
+        ctrl = None
+        if any(st.depth == "auto" and st.row.constraint is None for st in self.active):
+            ctrl = self._controller(len(self.active))
+        auto = ctrl.choose() if ctrl is not None else None
+        chosen = [self._depth(st, auto) for st in self.active]
         ks = [k for k, _ in chosen]
-        c = _Cycle(ks=ks, reasons=[r for _, r in chosen], proposals=self._draft(ks), t0=t0)
+        c = _Cycle(ks=ks, reasons=[r for _, r in chosen], proposals=self._draft(ks), t0=t0,
+                   controller=ctrl)
         tokens = [p.tokens for p in c.proposals if p is not None]
         if tokens:
             mx.async_eval(tokens)

@@ -41,6 +41,8 @@ class Model:
         self.prompt_cache = PromptCache()
         self.disk_cache = None        # engine.diskcache.DiskPromptCache | None (set by load)
         self.depth_controller: AdaptiveDepth | None = None
+        # the auto rows' controllers of batches of 2+ streams, by batch size (engine.batching)
+        self.batch_controllers: dict[int, AdaptiveDepth] = {}
 
     @property
     def text_model(self):
