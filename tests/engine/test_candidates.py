@@ -180,8 +180,10 @@ def _check_where_exact(c: C.Candidates, want: np.ndarray) -> np.ndarray:
     probabilities up to float32 rounding (they are renormalised from a different sum, so not
     bit for bit). Returns the exact flags."""
     exact = np.array(c.exact)
-    got = np.zeros_like(want)  # c.dense() in numpy (c.dense builds [R, k, V])
-    np.add.at(got, (np.arange(want.shape[0])[:, None], np.array(c.ids)), np.array(c.probs))
+    got = np.array(c.dense(want.shape[1]))
+    scattered = np.zeros_like(want)
+    np.add.at(scattered, (np.arange(want.shape[0])[:, None], np.array(c.ids)), np.array(c.probs))
+    assert np.array_equal(got, scattered)
     for r in np.flatnonzero(exact):
         assert np.array_equal(got[r] > 0, want[r] > 0), r
         np.testing.assert_allclose(got[r], want[r], rtol=1e-6, atol=0)
