@@ -177,8 +177,8 @@ def _nucleus_logits(rng, vocab: int = QWEN_V) -> tuple[np.ndarray, dict[str, int
 
 def _check_where_exact(c: C.Candidates, want: np.ndarray) -> np.ndarray:
     """Where ``c.exact``: the same kept tokens as ``want`` (build_probs) and the same
-    probabilities up to float32 rounding (they are renormalised from a different sum, so not
-    bit for bit). Returns the exact flags."""
+    probabilities up to float32 rounding (they are renormalised from a different float32 sum
+    of up to 128 terms, so not bit for bit: ~1e-6 apart with 48 kept). Returns the flags."""
     exact = np.array(c.exact)
     got = np.array(c.dense(want.shape[1]))
     scattered = np.zeros_like(want)
@@ -186,7 +186,7 @@ def _check_where_exact(c: C.Candidates, want: np.ndarray) -> np.ndarray:
     assert np.array_equal(got, scattered)
     for r in np.flatnonzero(exact):
         assert np.array_equal(got[r] > 0, want[r] > 0), r
-        np.testing.assert_allclose(got[r], want[r], rtol=1e-6, atol=0)
+        np.testing.assert_allclose(got[r], want[r], rtol=1e-5, atol=0)  # ~k ulps
     assert np.allclose(np.array(c.probs).sum(axis=1), 1.0, atol=1e-5)  # a q for drafts too
     return exact
 
