@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sampling", action="store_true",
                    help="only time sampling per verified row at --vocab (no model): the dense "
-                        "path against the compact top-k one")
+                        "path against the compact one (top-k, or top-p without top-k)")
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
     p.add_argument("--context", default=None, metavar="N,N,...", type=_positives,
                    help="long-context mode: prefill and decode tok/s at each context length "

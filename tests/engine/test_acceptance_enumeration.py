@@ -196,6 +196,8 @@ PARAMS = {
     "penalties": SamplingParams(temperature=1.0, presence_penalty=0.8, frequency_penalty=0.5),
     "topk_topp_pen": SamplingParams(temperature=0.7, top_k=3, top_p=0.9, presence_penalty=0.6),
     "minp_freq": SamplingParams(temperature=1.2, min_p=0.2, frequency_penalty=1.0),
+    "topp": SamplingParams(temperature=0.9, top_p=0.7),
+    "topp_minp_pres": SamplingParams(temperature=1.1, top_p=0.85, min_p=0.1, presence_penalty=0.7),
     "greedy_pen": SamplingParams(temperature=0.0, presence_penalty=1.0),
 }
 
@@ -216,6 +218,9 @@ CHAIN_CASES = [
     (3, 5, 6, "minp_freq", "random"),
     (3, 6, 4, "penalties", "random"),
     (2, 6, 7, "penalties", "random"),
+    (5, 2, 3, "topp", "random"),
+    (4, 3, 4, "topp", "argmax"),
+    (5, 3, 3, "topp_minp_pres", "mixture"),
 ]
 
 

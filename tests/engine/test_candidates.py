@@ -90,11 +90,12 @@ def test_compact_acceptance_matches_the_dense_rule():
         assert pval > 1e-3
 
 
-def test_boundary_ties_redo_densely(tiny_model, monkeypatch):
-    """Forcing every compact result to report a boundary tie must give exactly what the
-    dense sampler gives with the same keys: plain decoding rewinds its queued step, a
-    speculative cycle redoes its acceptance."""
-    params = SamplingParams(temperature=0.9, top_k=8, top_p=0.9)
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_k=8, top_p=0.9),
+                                    SamplingParams(temperature=0.9, top_p=0.9)], ids=str)
+def test_boundary_ties_redo_densely(tiny_model, monkeypatch, params):
+    """Forcing every compact result to report a boundary tie (or an uncertain top-p cut-off)
+    must give exactly what the dense sampler gives with the same keys: plain decoding rewinds
+    its queued step, a speculative cycle redoes its acceptance."""
     prompt = list(range(3, 40))
 
     def ids(depth):
@@ -129,3 +130,159 @@ def test_first_token_redo():
     seen = {int(decode._pick(logits, params, None, S.make_key(s), dense=True)[0].item())
             for s in range(60)}
     assert seen == {1, 2, 3}
+
+
+# --------------------------------------------------------------------------------------
+# Nucleus: top-p / min-p without top-k
+# --------------------------------------------------------------------------------------
+
+NUCLEUS = [SamplingParams(temperature=0.6, top_p=0.95),
+           SamplingParams(temperature=0.7, min_p=0.05),
+           SamplingParams(temperature=0.6, top_p=0.9, min_p=0.02),
+           SamplingParams(temperature=1.0, top_p=0.95, presence_penalty=1.5,
+                          frequency_penalty=0.5)]
+
+
+def _llm_row(rng, vocab: int, slope: float, bulk: float = -40.0) -> np.ndarray:
+    """A Zipf head of 2000 tokens (rank r at -slope·log r) over a bulk far below."""
+    x = rng.normal(bulk, 3.0, size=vocab)
+    head = rng.choice(vocab, 2000, replace=False)
+    x[head] = -slope * np.log(np.arange(1, 2001)) + rng.normal(0, 0.05, 2000)
+    return x
+
+
+def _tied_row(rng, vocab: int, n: int, near: bool = False) -> np.ndarray:
+    """One top token, ``n`` tied 2 below it (top-p 0.95's cut-off falls inside them at
+    temperatures 0.6-1), optionally one more just below the ties, a bulk far below."""
+    x = rng.normal(-40.0, 3.0, size=vocab)
+    at = rng.choice(vocab, n + 2, replace=False)
+    x[at[0]] = 0.0
+    x[at[1:n + 1]] = -2.0
+    if near:
+        x[at[-1]] = -2.0 - 3e-5  # within LOGIT_GAP of the ties
+    return x
+
+
+def _nucleus_logits(rng, vocab: int = QWEN_V) -> tuple[np.ndarray, dict[str, int]]:
+    """LLM-like rows (expected exact where their kept set fits the candidates) and rows that
+    stress the rule; ``rows`` names the latter."""
+    rows = [_llm_row(rng, vocab, s) for s in (1.5, 2.0, 3.0, 5.0)]
+    rows += [_tied_row(rng, vocab, 20),             # the cut falls inside 20 ties
+             _tied_row(rng, vocab, 200),            # the ties run past the candidates
+             _tied_row(rng, vocab, 20, near=True),
+             rng.normal(0.0, 1.0, size=vocab)]      # flat: 128 candidates hold < 1% of it
+    names = {"ties": 4, "many": 5, "near": 6, "flat": 7}
+    return np.array(rows, dtype=np.float32) * 0.6, names  # ~ logits before temperature
+
+
+def _check_where_exact(c: C.Candidates, want: np.ndarray) -> np.ndarray:
+    """Where ``c.exact``: the same kept tokens as ``want`` (build_probs) and the same
+    probabilities up to float32 rounding (they are renormalised from a different float32 sum
+    of up to 128 terms, so not bit for bit: ~1e-6 apart with 48 kept). Returns the flags."""
+    exact = np.array(c.exact)
+    got = np.array(c.dense(want.shape[1]))
+    scattered = np.zeros_like(want)
+    np.add.at(scattered, (np.arange(want.shape[0])[:, None], np.array(c.ids)), np.array(c.probs))
+    assert np.array_equal(got, scattered)
+    for r in np.flatnonzero(exact):
+        assert np.array_equal(got[r] > 0, want[r] > 0), r
+        np.testing.assert_allclose(got[r], want[r], rtol=1e-5, atol=0)  # ~k ulps
+    assert np.allclose(np.array(c.probs).sum(axis=1), 1.0, atol=1e-5)  # a q for drafts too
+    return exact
+
+
+@pytest.mark.parametrize("params", NUCLEUS, ids=str)
+def test_nucleus_equals_build_probs_where_exact_at_qwen_vocab(params):
+    rng = np.random.default_rng(3)
+    x, rows = _nucleus_logits(rng)
+    counts = np.zeros_like(x)
+    counts[:, rng.choice(QWEN_V, 300, replace=False)] = rng.integers(1, 3, size=300)
+    logits, counts = mx.array(x), mx.array(counts)
+    assert C.applies(params, QWEN_V)
+    c = C.build(logits, params, counts)
+    want = np.array(S.build_probs(logits, params, counts))
+    exact = _check_where_exact(c, want)
+    kept = (want > 0).sum(axis=1)
+    fits = kept <= C.NUCLEUS_K
+    # the check has power: LLM-like rows are compact (at temperature 1 the heads are flatter
+    # and their tails heavier, and the cut-off cannot always be certified)
+    assert exact[:4][fits[:4]].all() if params.temperature < 1.0 else exact[:4].any()
+    if params.top_p < 1.0 and params.min_p == 0.0:
+        assert exact[rows["ties"]] and kept[rows["ties"]] == 21   # every tie kept
+        assert not exact[rows["many"]] and kept[rows["many"]] == 201
+        assert not exact[rows["near"]]
+    if params.top_p < 1.0:
+        assert not exact[rows["flat"]]       # the cut-off lies far beyond the candidates
+
+
+def test_nucleus_is_never_exact_where_build_probs_differs():
+    """Random head slopes, bulk depths and widths (many rows whose tail holds ~1e-3 of the
+    mass, where the float32 sum of build_probs is itself uncertain at that level)."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for _ in range(24):
+        x = _llm_row(rng, QWEN_V, rng.uniform(1.1, 4.0), bulk=rng.uniform(-45, -15))
+        x[rng.choice(QWEN_V, 30)] = np.round(x[rng.choice(QWEN_V, 30)])  # scattered ties
+        rows.append(x)
+    logits = mx.array(np.array(rows, dtype=np.float32))
+    seen = 0
+    for params in NUCLEUS[:3] + [SamplingParams(temperature=1.0, top_p=0.5),
+                                 SamplingParams(temperature=1.3, top_p=0.99, min_p=0.001)]:
+        c = C.build(logits, params)
+        seen += _check_where_exact(c, np.array(S.build_probs(logits, params))).sum()
+    assert seen >= 24  # the check has power: many rows are compact
+
+
+def test_nucleus_min_p_on_the_threshold_is_not_exact():
+    x = np.full((1, 5000), -50.0, dtype=np.float32)
+    x[0, :3] = [0.0, -1.0, np.float32(np.log(np.float32(0.05)))]
+    c = C.build(mx.array(x), SamplingParams(temperature=1.0, min_p=0.05))
+    assert not bool(c.exact[0])
+    x[0, 2] = -2.9  # clear of the threshold: kept, exact
+    c = C.build(mx.array(x), SamplingParams(temperature=1.0, min_p=0.05))
+    assert bool(c.exact[0]) and (np.array(c.probs[0]) > 0).sum() == 3
+
+
+@pytest.mark.parametrize("vocab", [6, 100, 5000, 10_007])
+def test_nucleus_small_and_odd_vocabularies(vocab):
+    """The whole row as candidates (V <= 8192) and a vocabulary that is no multiple of the
+    block (padded with -inf), masked rows (-inf logits) included."""
+    rng = np.random.default_rng(vocab)
+    x = (rng.normal(size=(4, vocab)) * 4).astype(np.float32)
+    x[1, rng.choice(vocab, vocab - 3, replace=False)] = -np.inf  # a grammar mask: 3 allowed
+    x[2] = np.round(x[2])
+    for params in NUCLEUS:
+        c = C.build(mx.array(x), params)
+        exact = _check_where_exact(c, np.array(S.build_probs(mx.array(x), params)))
+        assert exact[1]
+        assert np.array(c.ids).max() < vocab
+
+
+def test_applies():
+    V = 1000
+    assert C.applies(SamplingParams(temperature=0.6, top_p=0.95), V)
+    assert C.applies(SamplingParams(temperature=0.6, min_p=0.1), V)
+    assert C.applies(SamplingParams(temperature=0.6, top_k=V, top_p=0.9), V)  # top-k off
+    assert C.applies(SamplingParams(temperature=0.6, top_k=20), V)
+    assert not C.applies(SamplingParams(temperature=0.6), V)          # nothing filters
+    assert not C.applies(SamplingParams(temperature=0.6, top_k=300, top_p=0.9), V)
+    assert not C.applies(SamplingParams(temperature=0.0, top_p=0.9), V)
+    assert not C.applies(SamplingParams(temperature=0.6, top_p=0.9), V, mx.float64)
+
+
+def test_nucleus_allows_for_the_float32_sum_of_build_probs():
+    """build_probs' float32 normaliser drops terms below half an ulp of its running sum: with
+    the top token first, 248k tail terms of 4.5e-8 (1.1% of the mass) vanish from it. With
+    top_p between the top token's probability under that sum and under the exact one, or
+    just below the former, the two cut-offs differ (1 token kept or 6): the compact path must
+    not call it."""
+    x = np.full((1, QWEN_V), np.log(4.5e-8), dtype=np.float32)
+    x[0, 0] = 0.0
+    x[0, 1:6] = np.log(0.01)
+    p0 = float(np.array(S._softmax(mx.array(x)))[0, 0])
+    exact_p0 = 1.0 / np.exp(x[0].astype(np.float64)).sum()
+    for top_p in ((p0 + exact_p0) / 2, p0 - 1e-6):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        c = C.build(mx.array(x), params)
+        assert not bool(c.exact[0])
+        _check_where_exact(c, np.array(S.build_probs(mx.array(x), params)))
