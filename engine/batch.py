@@ -187,16 +187,14 @@ class Batch:
         for c in self.trunk_cache:
             if isinstance(c, RowKVCache):
                 c.trim_rows([S - 1 - k for k in keeps])
-        rows = mx.arange(self.size)
-        steps = mx.array(keeps, dtype=mx.int32)
         for i, cap in ver.captures.items():
-            self.trunk_cache[i][0] = mx.stack(cap.conv, axis=1)[rows, steps]
-            self.trunk_cache[i][1] = mx.stack(cap.state, axis=1)[rows, steps]
+            self.trunk_cache[i][0] = _per_row(cap.conv, keeps)
+            self.trunk_cache[i][1] = _per_row(cap.state, keeps)
         if self.use_mtp:
             self._commit_mtp(inputs, keeps, ver, drafted)
         for b, k in enumerate(keeps):
             self.fed[b].extend(inputs[b][:k + 1])
-        self.last_hidden = ver.hidden[rows, steps][:, None]
+        self.last_hidden = _per_row([ver.hidden[:, j:j + 1] for j in range(S)], keeps)
 
     def _commit_mtp(self, inputs, keeps, ver: BatchVerified, drafted: bool) -> None:
         if drafted:
@@ -209,6 +207,14 @@ class Batch:
                 p.add(self.last_hidden[b, -1:], inputs[b][:1])
             if k:
                 p.add(ver.hidden[b, :k], inputs[b][1:k + 1])
+
+
+def _per_row(steps: list[mx.array], keeps: list[int]) -> mx.array:
+    """Row b of ``steps[keeps[b]]`` for every row: one copy of a row's state, no stacking of
+    all S steps (the GDN states are the big arrays of a cycle); none when all rows agree."""
+    if len(set(keeps)) == 1:
+        return steps[keeps[0]]
+    return mx.concatenate([steps[k][b:b + 1] for b, k in enumerate(keeps)])
 
 
 def _pad_rows(h: mx.array, n: int) -> mx.array:
