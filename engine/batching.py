@@ -86,6 +86,8 @@ class _Cycle:
     reasons: list[str]
     proposals: list[Proposal | None]
     inputs: list[list[int]] = field(default_factory=list)  # host ids, filled at the sync
+    grid: mx.array | None = None    # [B, max k] every row's head drafts (MTP), padding included
+    target: mx.array | None = None  # [B, S] verify argmax (when some row is greedy)
     ver: BatchVerified | None = None
     t0: float = 0.0
     controller: AdaptiveDepth | None = None  # the auto rows' (``BatchDecoder._controller``)
@@ -248,7 +250,10 @@ class BatchDecoder:
     # -- the batched cycle ----------------------------------------------------------------------
     def _cycle(self) -> list[tuple[Stream, Event]]:
         c = self._launch()
-        verdicts = [self._accept(b, c) for b in range(len(self.active))]
+        fast = [self._greedy(st) for st in self.active]
+        if any(fast):
+            c.target = mx.argmax(c.ver.logits, axis=-1).astype(mx.int32)
+        verdicts = [None if f else self._accept(b, c) for b, f in enumerate(fast)]
         t_accept = time.perf_counter()
         results = self._sync(c, verdicts)
         t_sync = time.perf_counter()
@@ -308,31 +313,45 @@ class BatchDecoder:
         auto = ctrl.choose() if ctrl is not None else None
         chosen = [self._depth(st, auto) for st in self.active]
         ks = [k for k, _ in chosen]
-        c = _Cycle(ks=ks, reasons=[r for _, r in chosen], proposals=self._draft(ks), t0=t0,
-                   controller=ctrl)
-        tokens = [p.tokens for p in c.proposals if p is not None]
-        if tokens:
-            mx.async_eval(tokens)
+        c = _Cycle(ks=ks, reasons=[r for _, r in chosen], proposals=[], t0=t0, controller=ctrl)
+        c.proposals = self._draft(ks, c)
+        if c.grid is not None:
+            mx.async_eval(c.grid)
         t1 = time.perf_counter()
-        S = max(ks) + 1
-        rows = []
-        for st, k, p in zip(self.active, ks, c.proposals):
+        c.ver = self.batch.verify(self._inputs(c))
+        mx.async_eval(c.ver.logits)
+        c.t_draft, c.t_verify = t1 - t0, time.perf_counter() - t1
+        return c
+
+    def _inputs(self, c: _Cycle) -> mx.array:
+        """[B, max k + 1]: each row's x0 and drafts, padded after them."""
+        x0s = mx.array([[st.x0] for st in self.active], dtype=mx.int32)
+        if max(c.ks) == 0:
+            return x0s
+        if c.grid is not None:  # the head's drafts, all rows at once (padding included)
+            return mx.concatenate([x0s, c.grid], axis=1)
+        S, rows = max(c.ks) + 1, []
+        for st, k, p in zip(self.active, c.ks, c.proposals):
             parts = [mx.array([st.x0], dtype=mx.int32)]
             if p is not None:
                 parts.append(p.tokens.astype(mx.int32))
             if S - 1 - k:
                 parts.append(mx.zeros((S - 1 - k,), dtype=mx.int32))
             rows.append(mx.concatenate(parts) if len(parts) > 1 else parts[0])
-        c.ver = self.batch.verify(mx.stack(rows))
-        mx.async_eval(c.ver.logits)
-        c.t_draft, c.t_verify = t1 - t0, time.perf_counter() - t1
-        return c
+        return mx.stack(rows)
 
-    def _draft(self, ks: list[int]) -> list[Proposal | None]:
+    @staticmethod
+    def _greedy(st: Stream) -> bool:
+        """Greedy without penalties or a grammar: its acceptance is the verify argmax against
+        its drafts, read on the host for every such row at once."""
+        r = st.row
+        return r.params.greedy and r.reply.counts is None and r.constraint is None
+
+    def _draft(self, ks: list[int], c: _Cycle) -> list[Proposal | None]:
         if max(ks) == 0:
             return [None] * len(ks)
         if self.batch.use_mtp:
-            return self._draft_mtp(ks)
+            return self._draft_mtp(ks, c)
         out: list[Proposal | None] = []
         for st, k in zip(self.active, ks):
             r = st.row
@@ -341,9 +360,10 @@ class BatchDecoder:
                 counts=r.reply.counts, key=None if r.params.greedy else next(r.keys))))
         return out
 
-    def _draft_mtp(self, ks: list[int]) -> list[Proposal | None]:
+    def _draft_mtp(self, ks: list[int], c: _Cycle) -> list[Proposal | None]:
         """The MTP head drafts for every row at once: ``max(ks)`` head forwards over [B, ·];
-        row b samples its first ``ks[b]`` drafts exactly as ``MTPDrafter`` would."""
+        row b samples its first ``ks[b]`` drafts exactly as ``MTPDrafter`` would. Sets
+        ``c.grid`` [B, max k]: each step's tokens (a row past its depth carries filler)."""
         rows = [st.row for st in self.active]
         keys = [[None] * k if k == 0 or r.params.greedy else sampling.split_key(next(r.keys), k)
                 for r, k in zip(rows, ks)]
@@ -351,29 +371,30 @@ class BatchDecoder:
         drafts: list[list[mx.array]] = [[] for _ in rows]
         qs: list[list] = [[] for _ in rows]
         out = self.batch.mtp_first([st.x0 for st in self.active])
-        steps = max(ks)
-        for j in range(steps):
+        columns = []
+        for j in range(max(ks)):
             logits = self.batch.logits(out[:, -1])  # [B, V]
-            top = mx.argmax(logits, axis=-1).astype(mx.int32) if greedy else None
-            step = []
-            for b, (r, k) in enumerate(zip(rows, ks)):
-                if j >= k:
-                    step.append(mx.array(0, dtype=mx.int32))
-                    continue
-                if greedy:
-                    d, q = top[b], None
-                else:
-                    d, q = pick_draft(logits[b:b + 1], r.params,
-                                      draft_counts(r.reply.counts, drafts[b]), keys[b][j],
-                                      self.draft_mode)
-                drafts[b].append(d)
-                if q is not None:
-                    qs[b].append(q)
-                step.append(d)
-            if j + 1 < steps:
-                out = self.batch.mtp_next(out, mx.stack(step))
-        return [Proposal(tokens=mx.stack(drafts[b]), q=stack_q(qs[b])) if k else None
-                for b, k in enumerate(ks)]
+            if greedy:  # argmax for every row at once (what MTPDrafter takes when greedy)
+                col = mx.argmax(logits, axis=-1).astype(mx.int32)
+            else:
+                col = mx.stack([self._pick(r, logits[b:b + 1], drafts[b], qs[b], keys[b][j])
+                                if j < k else mx.array(0, dtype=mx.int32)
+                                for b, (r, k) in enumerate(zip(rows, ks))])
+            columns.append(col)
+            if j + 1 < max(ks):
+                out = self.batch.mtp_next(out, col)
+        c.grid = mx.stack(columns, axis=1)
+        return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts[b]),
+                         q=stack_q(qs[b])) if k else None for b, k in enumerate(ks)]
+
+    def _pick(self, r: cycle.Row, logits: mx.array, drafts: list, qs: list, key) -> mx.array:
+        """Row r's next draft from the head's logits [1, V] (appended to ``drafts``/``qs``)."""
+        d, q = pick_draft(logits, r.params, draft_counts(r.reply.counts, drafts), key,
+                          self.draft_mode)
+        drafts.append(d)
+        if q is not None:
+            qs.append(q)
+        return d
 
     def _accept(self, b: int, c: _Cycle) -> cycle.Verdict:
         st, k, p = self.active[b], c.ks[b], c.proposals[b]
@@ -389,19 +410,29 @@ class BatchDecoder:
         ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
         return cycle.accept(st.row, d, ver)
 
-    def _sync(self, c: _Cycle, verdicts: list[cycle.Verdict]) -> list[tuple[int, int, list[int]]]:
-        """The cycle's one host synchronisation, for every row; a row whose compact
-        acceptance tied at the top-k boundary is redone densely (only then a second sync)."""
-        outs = []
+    def _sync(self, c: _Cycle, verdicts: list[cycle.Verdict | None],
+              ) -> list[tuple[int, int, list[int]]]:
+        """The cycle's one host synchronisation, for every row: (accepted n, extra token,
+        drafted ids). Greedy rows (``verdicts[b]`` None) are judged here on the host from the
+        verify argmax, as ``sampling.accept_greedy`` does; a row whose compact acceptance tied
+        at the top-k boundary is redone densely (only then a second sync)."""
+        outs = [a for a in (c.target, c.grid) if a is not None]
         for v, p in zip(verdicts, c.proposals):
-            outs += [v.n, v.extra] + ([p.tokens] if p is not None else []) + \
-                ([v.exact] if v.exact is not None else [])
+            if v is not None:
+                outs += [v.n, v.extra] + ([v.exact] if v.exact is not None else []) + \
+                    ([p.tokens] if p is not None and c.grid is None else [])
         mx.eval(outs)
+        target = c.target.tolist() if c.target is not None else None
+        grid = c.grid.tolist() if c.grid is not None else None
         results = []
-        for b, (v, p) in enumerate(zip(verdicts, c.proposals)):
+        for b, (v, p, k) in enumerate(zip(verdicts, c.proposals, c.ks)):
+            drafted = [] if p is None else grid[b][:k] if grid is not None else p.tokens.tolist()
+            if v is None:
+                n = next((i for i, d in enumerate(drafted) if d != target[b][i]), k)
+                results.append((n, target[b][n], drafted))
+                continue
             if v.exact is not None and not v.exact.item():
                 v = self._dense(b, c, v)
-            drafted = p.tokens.tolist() if p is not None else []
             results.append((int(v.n.item()), int(v.extra.item()), drafted))
         return results
 

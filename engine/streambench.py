@@ -8,8 +8,9 @@ decoded together, each for ``max_tokens`` tokens, by
 - with ``replay``: each depth drafting a replay of the stream's own depth-0 output (acceptance
   1: the ceiling of the batched cycle, the only meaningful speculation on random weights).
 
-Aggregate tok/s = every stream's generated tokens / wall time from submitting the B prompts
-to the last token (prefill of the B short prompts included, for every decoder alike). Cells
+Aggregate decode tok/s = the tokens every stream generates after all B prompts are prefilled
+and have their first token / the wall time from then to the last token (for every decoder
+alike; prefill is measured by ``bench --context``, joining by the TTFT below). Cells
 are interleaved within each repeat and the median of ``repeats`` is reported. Also reported:
 peak memory of each engine batch (``mx.get_peak_memory``) and its growth per added stream,
 and the time to first token of a stream that joins a busy batch of B - 1 streams with a
@@ -43,11 +44,11 @@ def mlx_lm_batch(model, prompts: list[list[int]], max_tokens: int,
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(temp=params.temperature, top_p=params.top_p, top_k=params.top_k)
-    t0 = time.perf_counter()
     gen = BatchGenerator(model.trunk, max_tokens=max_tokens, sampler=sampler,
                          stop_tokens=[[t] for t in model.info.eos_token_ids])
     gen.insert(prompts, [max_tokens] * len(prompts))
-    n = 0
+    gen.next_generated()  # prefill of every prompt and each stream's first token
+    t0, n = time.perf_counter(), 0
     while True:
         got = gen.next_generated()
         if not got:
@@ -62,17 +63,20 @@ def engine_batch(model, prompts: list[list[int]], max_tokens: int, params: Sampl
     """This engine's batch: (seconds, generated tokens, each stream's tokens, peak bytes)."""
     model.reset_prompt_cache()
     mx.reset_peak_memory()
-    t0 = time.perf_counter()
     dec = BatchDecoder(model, max_streams=len(prompts), use_mtp=replays is None)
     streams = [dec.add(p, max_tokens=max_tokens, depth=depth, sampling=params, seed=seed + i,
                        drafter=None if replays is None else ReplayDrafter(replays[i]))
                for i, p in enumerate(prompts)]
     out = {s.id: [] for s in streams}
+    while dec.waiting or dec.joining:  # every prompt prefilled, every first token out
+        for st, ev in dec.admit_step():
+            out[st.id].extend(ev.token_ids)
+    t0, n = time.perf_counter(), 0
     for st, ev in dec.run():
         out[st.id].extend(ev.token_ids)
+        n += len(ev.token_ids)
     dt = time.perf_counter() - t0
-    toks = [out[s.id] for s in streams]
-    return dt, sum(len(t) for t in toks), toks, mx.get_peak_memory()
+    return dt, n, [out[s.id] for s in streams], mx.get_peak_memory()
 
 
 def _cells(model, prompts, max_tokens, params, depths, replay, mlx_lm) -> dict[str, Callable]:
@@ -140,16 +144,22 @@ def join_ttft(model, *, busy: int, depth, texts: list[str], params: SamplingPara
               repeats: int = 3) -> dict:
     """Time to first token of a stream joining ``busy`` running streams with a one-chunk
     prompt, against one prefill chunk alone plus the batch's cycle time (medians)."""
+    import dataclasses
+
     from engine.longbench import fill_prompt
+    from engine.model import Model
 
     long = fill_prompt(model, PREFILL_CHUNK, texts)
+    # the busy streams must stay busy: the same weights without an end-of-sequence token
+    model = Model(trunk=model.trunk, mtp=model.mtp, tokenizer=model.tokenizer,
+                  info=dataclasses.replace(model.info, eos_token_ids=()))
     ttfts, bounds = [], []
     for r in range(repeats):
         model.reset_prompt_cache()
         dec, stop = BatchDecoder(model, max_streams=busy + 1), threading.Event()
         for p in _prompts(model, texts, busy):
             dec.add(p, max_tokens=10_000, depth=depth, sampling=params, seed=r, cancel=stop)
-        while len(dec.active) < busy:
+        while dec.waiting or dec.joining:
             dec.step()
         cycles = [ev.stats.t_total for _ in range(4) for st, ev in dec.step() if ev.stats]
         joiner = dec.add(long, max_tokens=4, depth=depth, sampling=params, seed=r)
