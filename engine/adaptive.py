@@ -7,7 +7,7 @@ controller keeps
 - a_i, the acceptance of draft position i *given that position i was reached* (all earlier
   drafts accepted), in two layers. The *long-run* rate per position counts every reply
   (``long_half_life`` observations; a weak prior, strength ``PRIOR_WEIGHT``, pulls rarely seen
-  positions toward the one before them, or toward ``initial``'s rates). The *reply's own*
+  positions toward the one before them, or toward ``initial``'s rates, ``SEED_WEIGHT``). The *reply's own*
   evidence (``half_life`` observations) starts afresh with each request; what a cycle did not
   renew fades (``idle_half_life`` cycles). A reply that suits the head better or worse than
   usual shifts every position alike, so the reply's evidence first fits one log-odds shift of
@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 from engine.types import CycleStats
 
-PRIOR_WEIGHT = 1.0  # pseudo-observations behind each long-run acceptance prior
+PRIOR_WEIGHT = 1.0  # pseudo-observations behind each long-run acceptance prior...
+SEED_WEIGHT = 4.0  # ... and behind a rate that ``initial`` gives (the tuner measured it)
 PRIOR_DECAY = 0.9  # prior for position i+1 = PRIOR_DECAY * a_i
 REPLY_PRIOR = 4.0  # pseudo-observations of the shifted long-run rate behind a reply's own
 SHIFT_SD = 0.7  # prior scale (log-odds) of one reply's shift against the long run
@@ -169,7 +170,8 @@ class _Acceptance:
         out, prior = [], self.prior
         for acc, fixed in zip(self.long, self.priors):
             prior = prior if fixed is None else fixed
-            a = (acc.total + PRIOR_WEIGHT * prior) / (acc.weight + PRIOR_WEIGHT)
+            k = PRIOR_WEIGHT if fixed is None else SEED_WEIGHT
+            a = (acc.total + k * prior) / (acc.weight + k)
             out.append(a)
             prior = PRIOR_DECAY * a
         return out
@@ -178,32 +180,35 @@ class _Acceptance:
         """The most likely log-odds shift of this reply against ``base``, under a Cauchy
         prior of scale ``SHIFT_SD`` (small shifts are doubted, large ones believed), by
         Newton steps from 0."""
+        seen = [(_logit(b), ev.total, ev.weight) for b, ev in zip(base, self.reply)
+                if ev.weight > 1e-6]
         shift = 0.0
         for _ in range(6):
             spread = SHIFT_SD ** 2 + shift ** 2
             grad, curv = -2.0 * shift / spread, 2.0 / spread
-            for b, ev in zip(base, self.reply):
-                if ev.weight > 1e-6:
-                    p = _sigmoid(_logit(b) + shift)
-                    grad += ev.total - ev.weight * p
-                    curv += ev.weight * p * (1 - p)
-            shift += _clip(grad / curv, 2.0)
+            for x, total, weight in seen:
+                p = _sigmoid(x + shift)
+                grad += total - weight * p
+                curv += weight * p * (1 - p)
+            step = _clip(grad / curv, 2.0)
+            shift += step
+            if abs(step) < 1e-4:
+                break
         return shift
 
-    def estimate(self, optimism: float = 0.0) -> list[float]:
-        """a_1..a_D for the current reply; with ``optimism``, that many standard errors
-        higher (by the evidence behind each: the reply's own plus ``REPLY_PRIOR``)."""
+    def estimate(self, optimism: float = 0.0) -> tuple[list[float], list[float]]:
+        """a_1..a_D for the current reply, and the same ``optimism`` standard errors higher
+        (by the evidence behind each: the reply's own plus ``REPLY_PRIOR``)."""
         base = self.base()
         shift = self.shift(base)
-        out = []
+        out, hopeful = [], []
         for b, ev in zip(base, self.reply):
             p = _sigmoid(_logit(b) + shift)
             n = ev.weight + REPLY_PRIOR
             a = (ev.total + REPLY_PRIOR * p) / n
-            if optimism:
-                a = min(1.0, a + optimism * math.sqrt(a * (1 - a) / (1.0 + n)))
             out.append(a)
-        return out
+            hopeful.append(min(1.0, a + optimism * math.sqrt(a * (1 - a) / (1.0 + n))))
+        return out, hopeful
 
 
 class _Costs:
@@ -238,17 +243,18 @@ class _Costs:
         c0, c1 = _fit(seen) if seen else (1.0, COST_SLOPE_PRIOR)
         return [max(c0 + c1 * d, 1e-9) for d in range(len(self.timed))]
 
-    def seconds(self, optimism: float = 0.0) -> list[float]:
-        """t(0)..t(D) (0.0 for all when nothing was timed); ``optimism`` standard errors
-        cheaper if asked."""
+    def seconds(self, optimism: float = 0.0) -> tuple[list[float], list[float]]:
+        """t(0)..t(D) (0.0 for all when nothing was timed), and the same ``optimism``
+        standard errors cheaper."""
         if self.level is None:
-            return [0.0] * len(self.timed)
+            return [0.0] * len(self.timed), [0.0] * len(self.timed)
         scale = math.exp(self.level)
-        out = []
+        out, hopeful = [], []
         for p, n, guess in zip(self.profile, self.timed, self.line()):
             t = scale * (math.exp(p) if n >= 1.5 else guess)
-            out.append(t * (1 - optimism * COST_SPREAD / math.sqrt(1.0 + n)))
-        return out
+            out.append(t)
+            hopeful.append(t * (1 - optimism * COST_SPREAD / math.sqrt(1.0 + n)))
+        return out, hopeful
 
     def load(self, costs: dict[int, float]) -> None:
         ref = min(costs.values())
@@ -315,19 +321,24 @@ class AdaptiveDepth:
 
     def acceptance(self) -> list[float]:
         """Conditional acceptance a_1..a_D expected for the rest of the current reply."""
-        return self._acc.estimate()
+        return self._acc.estimate()[0]
 
     def costs(self) -> list[float]:
         """Estimated cycle seconds t(0)..t(D) (0.0 for all when nothing was timed yet)."""
-        return self._cost.seconds()
+        return self._cost.seconds()[0]
 
     def scores(self) -> list[float]:
         """Expected tokens per second for each depth 0..D."""
-        return _rates(self.acceptance(), self.costs())
+        return self._both_scores()[0]
 
     def optimistic_scores(self) -> list[float]:
         """``scores()`` with every estimate ``OPTIMISM`` standard errors in its favour."""
-        return _rates(self._acc.estimate(OPTIMISM), self._cost.seconds(OPTIMISM))
+        return self._both_scores()[1]
+
+    def _both_scores(self) -> tuple[list[float], list[float]]:
+        a, a_hope = self._acc.estimate(OPTIMISM)
+        t, t_hope = self._cost.seconds(OPTIMISM)
+        return _rates(a, t), _rates(a_hope, t_hope)
 
     def epsilon(self) -> float:
         eps = max(self.explore_min, self.explore / (1.0 + self._since_request / self.explore_decay))
@@ -340,7 +351,7 @@ class AdaptiveDepth:
             return 0, "no draft head"
         if self._cycles < self.warmup:
             return self._schedule[self._cycles % len(self._schedule)], "warmup"
-        scores = self.scores()
+        scores, hopeful = self._both_scores()
         best = max(range(len(scores)), key=lambda d: (scores[d], -d))  # ties -> lower depth
         reason = "best score"
         if self._incumbent is None:
@@ -351,17 +362,16 @@ class AdaptiveDepth:
                 self._incumbent, reason = best, "switch"
             else:
                 reason = "hold (hysteresis)"
-        probe = self._probe(scores[self._incumbent])
+        probe = self._probe(scores[self._incumbent], hopeful)
         if probe is not None:
             return probe, "explore"
         return self._incumbent, reason
 
-    def _probe(self, incumbent_score: float) -> int | None:
+    def _probe(self, incumbent_score: float, hopeful: list[float]) -> int | None:
         """A neighbour of the incumbent to run for one cycle, among those whose optimistic
         score beats the incumbent's score, or None. Probes are evenly spaced, at rate
         epsilon, or faster when a neighbour might be much better (up to ``PROBE_MAX``)."""
         d = self._incumbent
-        hopeful = self.optimistic_scores()
         options = [n for n in (d - 1, d + 1)
                    if 0 <= n <= self.max_depth and hopeful[n] > incumbent_score]
         if not options:

@@ -129,6 +129,7 @@ class Outcome:
     tokens: float = 0.0  # expected tokens of the cycles run
     seconds: float = 0.0  # their mean costs
     depths: Counter = field(default_factory=Counter)
+    reasons: Counter = field(default_factory=Counter)  # cycles by the controller's reason
     by_reason: dict = field(default_factory=dict)  # reason: [expected tokens, seconds]
 
     @property
@@ -174,6 +175,7 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             out.tokens += gain
             out.seconds += w.cost[d]
             out.depths[d] += 1
+            out.reasons[reason] += 1
             tally = out.by_reason.setdefault(reason, [0.0, 0.0])
             tally[0] += gain
             tally[1] += w.cost[d]
@@ -244,7 +246,8 @@ def compare(w: Workload, cls: str, *, start: str = "cold", runs: int = 4, replie
     best = max(rates, key=rates.__getitem__)
     lost = {why: sec - tok / rates[best] for why, (tok, sec) in auto.by_reason.items()}
     return {"auto": auto.rate, "fixed": rates, "best": best, "ratio": auto.rate / rates[best],
-            "depths": auto.depths, "lost": lost, "seconds": auto.seconds}
+            "depths": auto.depths, "reasons": auto.reasons, "lost": lost,
+            "seconds": auto.seconds}
 
 
 def table(workloads=WORKLOADS, starts=STARTS, **kw) -> list[dict]:

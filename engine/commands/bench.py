@@ -41,6 +41,10 @@ def add_arguments(p) -> None:
                    help="only time sampling per verified row at --vocab (no model): the dense "
                         "path against the compact top-k one")
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
+    p.add_argument("--simulate", action="store_true",
+                   help="no model: depth auto against every fixed depth per prompt class in "
+                        "the simulator (engine.adaptive_sim), started cold, from a saved "
+                        "tuning and carried over from the other class")
     p.add_argument("--context", default=None, metavar="N,N,...", type=_positives,
                    help="long-context mode: prefill and decode tok/s at each context length "
                         "(real text repeated to the length), mlx-lm vs depth 0 vs --depths")
@@ -149,9 +153,25 @@ def _run_reopen(args, depths) -> int:
     return 0
 
 
+def _run_simulate(args) -> int:
+    from engine.adaptive_sim import format_table, table
+
+    rows = table(max_tokens=args.max_tokens)
+    if args.json:
+        keep = ("workload", "start", "class", "auto", "fixed", "best", "ratio")
+        print(json.dumps([{k: r[k] for k in keep} for r in rows], indent=1))
+        return 0
+    print(f"simulated replies of up to {args.max_tokens} tokens, 4 runs x 20 replies per row "
+          "(engine.adaptive_sim)")
+    print(format_table(rows))
+    return 0
+
+
 def run(args) -> int:
     if args.sampling:
         return _run_sampling(args)
+    if args.simulate:
+        return _run_simulate(args)
     if args.reopen:
         from engine.commands.generate import parse_depth
 
