@@ -7,16 +7,18 @@ controller keeps
 - a_i, the acceptance of draft position i *given that position i was reached* (all earlier
   drafts accepted), in two layers. The *long-run* rate per position counts every reply
   (``long_half_life`` observations; a weak prior, strength ``PRIOR_WEIGHT``, pulls rarely seen
-  positions toward the one before them, or toward ``initial``'s rates, ``SEED_WEIGHT``). The *reply's own*
-  evidence (``half_life`` observations) starts afresh with each request; what a cycle did not
-  renew fades (``idle_half_life`` cycles). A reply that suits the head better or worse than
-  usual shifts every position alike, so the reply's evidence first fits one log-odds shift of
-  the long-run rates (a Cauchy prior of scale ``SHIFT_SD``): what position 1 shows of an
-  out-of-domain reply lowers positions 2..D before any is reached. Each position's estimate is
-  then its own evidence in this reply plus ``REPLY_PRIOR`` pseudo-observations of that shifted
-  rate. A fast mean per position watches for a shift within a reply: when it strays
-  ``SHIFT_Z`` standard errors from the reply's older evidence, that position restarts from the
-  recent cycles and the deeper positions from the shifted long run;
+  positions toward the one before them, or toward ``initial``'s rates, ``SEED_WEIGHT``; a rate
+  beyond position 1 that no cycle renews fades back toward that prior over ``LONG_IDLE`` x
+  ``idle_half_life`` cycles, so what a deep position did in another kind of reply does not
+  linger). The *reply's own* evidence (``half_life`` observations) starts afresh with each
+  request; what a cycle did not renew fades (``idle_half_life`` cycles). A reply that suits the
+  head better or worse than usual shifts every position alike, so the reply's evidence first
+  fits one log-odds shift of the long-run rates (a Cauchy prior of scale ``SHIFT_SD``): what
+  position 1 shows of an out-of-domain reply lowers positions 2..D before any is reached. Each
+  position's estimate is then its own evidence in this reply plus ``REPLY_PRIOR``
+  pseudo-observations of that shifted rate. A fast mean per position watches for a shift within
+  a reply: when it strays ``SHIFT_Z`` standard errors from the reply's older evidence, that
+  position restarts from the recent cycles and the deeper positions from the shifted long run;
 - t(d), the cycle time at depth d, as a *level* times a *profile*: the level follows how fast
   the machine runs right now (``LEVEL_GAIN`` per cycle; other load slows every depth alike),
   the profile is what depth d costs relative to it (a mean over ``cost_half_life`` of its
@@ -51,6 +53,7 @@ from engine.types import CycleStats
 PRIOR_WEIGHT = 1.0  # pseudo-observations behind each long-run acceptance prior...
 SEED_WEIGHT = 4.0  # ... and behind a rate that ``initial`` gives (the tuner measured it)
 PRIOR_DECAY = 0.9  # prior for position i+1 = PRIOR_DECAY * a_i
+LONG_IDLE = 3.0  # long-run rates beyond position 1 not renewed fade: LONG_IDLE x idle_half_life
 REPLY_PRIOR = 4.0  # pseudo-observations of the shifted long-run rate behind a reply's own
 SHIFT_SD = 0.7  # prior scale (log-odds) of one reply's shift against the long run
 COST_SLOPE_PRIOR = 0.15  # c1 / c0 assumed while only one depth has been timed
@@ -61,7 +64,7 @@ COST_SPREAD = 0.1  # relative spread of one cycle time, for the optimistic cost
 OPTIMISM = 1.5  # standard errors: how much better a neighbour might be and still get probed
 SHIFT_HALF_LIFE = 3.0  # a fast mean per position watches for a shift within a reply...
 SHIFT_Z = 2.0  # ...and when it strays this many standard errors from the reply's, that restarts
-ZERO_MARGIN = 2.0  # switching to depth 0 takes this x margin
+ZERO_MARGIN = 2.0  # switching to or from depth 0 takes this x margin
 ZERO_EXPLORE = 0.1  # at depth 0 nothing is learnt about acceptance except by probing
 
 
@@ -139,11 +142,14 @@ class _Acceptance:
         self.prior = prior
         self._gamma, self._long_gamma = _decay(half_life), _decay(long_half_life)
         self._idle, self._fast_gamma = _decay(idle_half_life), _decay(SHIFT_HALF_LIFE)
+        self._long_idle = _decay(LONG_IDLE * idle_half_life) if LONG_IDLE > 0 else 1.0
 
     def observe(self, reached: int, accepted: int) -> None:
         for i, (long, reply, fast) in enumerate(zip(self.long, self.reply, self.fast)):
             if i >= reached:
                 reply.fade(self._idle)
+                if i > 0:  # unseen deeper rates drift back toward the chain of priors
+                    long.fade(self._long_idle)
                 continue
             x = 1.0 if i < accepted else 0.0
             long.add(x, self._long_gamma)

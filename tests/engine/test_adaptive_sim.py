@@ -33,7 +33,8 @@ def test_auto_keeps_within_3_percent_of_the_best_fixed_depth_in_every_class(name
 @pytest.mark.parametrize("name", ["rough-T0", "rough-T0.7", "cheap-verify-T0"])
 def test_auto_beats_every_fixed_depth_on_mixed_work(name, start):
     # in-domain and out-of-domain replies want different depths: no fixed depth suits both
-    assert compare(name, "in-domain", start)["best"] != compare(name, "out-of-domain", start)["best"]
+    bests = {compare(name, cls, start)["best"] for cls in ("in-domain", "out-of-domain")}
+    assert len(bests) == 2
     r = compare(name, "mixed", start)
     assert r["ratio"] > 1.0, (r["best"], round(r["ratio"], 3))
 
