@@ -228,12 +228,13 @@ class _Costs:
         self._gamma, self._idle = _decay(half_life), _decay(idle_half_life)
 
     def observe(self, d: int, t: float) -> None:
-        y, line = math.log(t), self.line()
-        if self.level is None:
-            self.level = y - math.log(line[d])
-        if self.timed[d] <= 0.5:  # not timed (lately): this cycle sets the profile
-            self.profile[d] = math.log(line[d]) + _clip(y - self.level - math.log(line[d]),
-                                                        FIRST_CLIP)
+        y = math.log(t)
+        if self.level is None or self.timed[d] <= 0.5:
+            guess = math.log(self.line()[d])
+            if self.level is None:
+                self.level = y - guess
+            # not timed (lately): this cycle sets the profile
+            self.profile[d] = guess + _clip(y - self.level - guess, FIRST_CLIP)
         else:
             r = _clip(y - self.level - self.profile[d], CLIP)
             self.level += LEVEL_GAIN * r
