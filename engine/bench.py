@@ -107,7 +107,10 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
                 cell.tps.append(total_tok / total_s if total_s else 0.0)
                 if progress:
                     progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cell.tps[-1]:.1f} tok/s")
-    return {"classes": {c: _report(cells[c]) for c in cells}, "params": params.__dict__,
+    classes = {c: _report(cells[c]) for c in cells}
+    return {"classes": classes, "params": params.__dict__,
+            "auto_vs_best_fixed": {c: auto_vs_best_fixed(rows) for c, rows in classes.items()
+                                   if "auto" in rows},
             "max_tokens": max_tokens, "repeats": repeats, "replay": replay,
             "draft_mode": draft_mode}
 
@@ -136,6 +139,25 @@ def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, par
     return n, secs
 
 
+def best_fixed(rows: dict[str, dict]) -> str | None:
+    """The label of the fastest fixed depth (median tok/s) among a class's rows."""
+    fixed = [lab for lab in rows if lab.isdigit() and rows[lab]["tok_s"] > 0]
+    return max(fixed, key=lambda lab: rows[lab]["tok_s"], default=None)
+
+
+def auto_vs_best_fixed(rows: dict[str, dict]) -> dict:
+    """``auto`` against the fastest fixed depth of the class: the ratio of their medians, and
+    repeat by repeat (each repeat runs every decoder of a class back to back, so the paired
+    ratios see less of the machine's drift)."""
+    best = best_fixed(rows)
+    if best is None or "auto" not in rows:
+        return {"best_depth": None, "ratio": None, "ratio_by_repeat": []}
+    auto, ref = rows["auto"], rows[best]
+    return {"best_depth": int(best), "ratio": round(auto["tok_s"] / ref["tok_s"], 3),
+            "ratio_by_repeat": [round(a / b, 3) for a, b in zip(auto["tok_s_all"], ref["tok_s_all"])
+                                if b > 0]}
+
+
 def _report(cells: dict[str, Cell]) -> dict:
     base = statistics.median(cells["0"].tps) if "0" in cells and cells["0"].tps else None
     out = {}
@@ -147,6 +169,9 @@ def _report(cells: dict[str, Cell]) -> dict:
         if cell.summaries:
             row.update(_cycle_figures([c for t in cell.summaries for c in t.cycles]))
         out[lab] = row
+    best = best_fixed(out)
+    for row in out.values():  # every decoder against the class's fastest fixed depth
+        row["vs_best_fixed"] = round(row["tok_s"] / out[best]["tok_s"], 3) if best else None
     return out
 
 

@@ -41,6 +41,10 @@ def add_arguments(p) -> None:
                    help="only time sampling per verified row at --vocab (no model): the dense "
                         "path against the compact one (top-k, or top-p without top-k)")
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
+    p.add_argument("--simulate", action="store_true",
+                   help="no model: depth auto against every fixed depth per prompt class in "
+                        "the simulator (engine.adaptive_sim), started cold, from a saved "
+                        "tuning and carried over from the other class")
     p.add_argument("--context", default=None, metavar="N,N,...", type=_positives,
                    help="long-context mode: prefill and decode tok/s at each context length "
                         "(real text repeated to the length), mlx-lm vs depth 0 vs --depths")
@@ -153,9 +157,25 @@ def _run_reopen(args, depths) -> int:
     return 0
 
 
+def _run_simulate(args) -> int:
+    from engine.adaptive_sim import format_table, table
+
+    rows = table(max_tokens=args.max_tokens)
+    if args.json:
+        keep = ("workload", "start", "class", "auto", "fixed", "best", "ratio")
+        print(json.dumps([{k: r[k] for k in keep} for r in rows], indent=1))
+        return 0
+    print(f"simulated replies of up to {args.max_tokens} tokens, 4 runs x 20 replies per row "
+          "(engine.adaptive_sim)")
+    print(format_table(rows))
+    return 0
+
+
 def run(args) -> int:
     if args.sampling:
         return _run_sampling(args)
+    if args.simulate:
+        return _run_simulate(args)
     if args.reopen:
         from engine.commands.generate import parse_depth
 
@@ -199,14 +219,26 @@ def run(args) -> int:
           f"{info['device']}/{info['blas']}, temperature {args.temperature}, "
           f"{args.max_tokens} tokens, median of {args.repeats}" + (", REPLAY drafter" if args.replay else ""))
     for cls, rows in result["classes"].items():
-        print(f"\n[{cls}]")
-        print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'tok/cyc':>7} {'peak MiB':>8}  acceptance rate by position")
-        for lab, r in rows.items():
-            acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_rate_by_position", [])[:4])
-            sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
-            share = r.get("time_share")
-            split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} "
-                     "commit {commit:.0%}".format(**share)) if share and args.profile else ""
-            print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {r.get('tokens_per_cycle', ''):>7} "
-                  f"{r['peak_memory_mib']:8.1f}  {acc}{split}")
+        _print_class(cls, rows, result["auto_vs_best_fixed"].get(cls), profile=args.profile)
     return 0
+
+
+def _print_class(cls: str, rows: dict, auto: dict | None, *, profile: bool) -> None:
+    """One class's table; ``vs best`` is each decoder against the class's fastest fixed
+    depth, and a last line says how ``auto`` did against it, repeat by repeat."""
+    print(f"\n[{cls}]")
+    print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'vs best':>7} {'tok/cyc':>7} {'peak MiB':>8}"
+          "  acceptance rate by position")
+    for lab, r in rows.items():
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_rate_by_position", [])[:4])
+        sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
+        vs = "" if r.get("vs_best_fixed") is None else f"{r['vs_best_fixed']:.3f}"
+        share = r.get("time_share")
+        split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} "
+                 "commit {commit:.0%}".format(**share)) if share and profile else ""
+        print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {vs:>7} {r.get('tokens_per_cycle', ''):>7} "
+              f"{r['peak_memory_mib']:8.1f}  {acc}{split}")
+    if auto and auto["ratio"] is not None:
+        each = " ".join(f"{x:.3f}" for x in auto["ratio_by_repeat"])
+        print(f"auto / best fixed depth ({auto['best_depth']}): {auto['ratio']:.3f} "
+              f"(by repeat: {each})")
