@@ -70,6 +70,7 @@ class Batch:
         self.mtp_cache = [RowKVCache() for _ in model.mtp.make_cache()] if self.use_mtp else None
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
+        self.tracked: list[bool] = []  # rows whose MTP cache is kept in step (see ``join``)
         self.last_hidden: mx.array | None = None  # [B, 1, H]
         self._spec_mtp = 0  # speculative MTP rows per row from this cycle's head steps
 
@@ -78,8 +79,11 @@ class Batch:
         return len(self.fed)
 
     # -- rows joining and leaving ---------------------------------------------------------
-    def join(self, s: Session) -> int:
-        """Add a prefilled stream (``s`` must not be used afterwards); returns its row."""
+    def join(self, s: Session, *, track: bool = True) -> int:
+        """Add a prefilled stream (``s`` must not be used afterwards); returns its row.
+        ``track=False`` (a stream that never drafts: fixed depth 0) stops queueing its
+        committed pairs for the head, as ``Session.step_plain`` does (its MTP cache falls out
+        of step, so ``extract`` marks it ``mtp_ok=False``), instead of letting them pile up."""
         if s.last_hidden is None:
             raise ValueError("a stream joins after its prefill")
         if self.use_mtp and not s.mtp_ok:
@@ -98,6 +102,7 @@ class Batch:
         if s.pending_h is not None:
             p.add(s.pending_h[0], list(s.pending_tok))
         self.pending.append(p)
+        self.tracked.append(track and self.use_mtp)
         self.fed.append(list(s.fed))
         h = s.last_hidden[:, -1:]
         self.last_hidden = h if self.last_hidden is None else \
@@ -112,6 +117,7 @@ class Batch:
             c.take(keep) if isinstance(c, RowKVCache) else rowcache.take_arrays(c, keep)
         self.fed = [self.fed[b] for b in keep]
         self.pending = [self.pending[b] for b in keep]
+        self.tracked = [self.tracked[b] for b in keep]
         self.last_hidden = None if not keep else \
             mx.take(self.last_hidden, mx.array(keep, dtype=mx.int32), axis=0)
 
@@ -129,7 +135,7 @@ class Batch:
         s.fed = list(self.fed[b])
         s.last_hidden = self.last_hidden[b:b + 1]
         s.last_logits = lm_head(self.model.text_model, s.last_hidden[:, -1])
-        s.mtp_ok = self.use_mtp
+        s.mtp_ok = self.tracked[b]
         return s
 
     # -- the MTP head's forwards ------------------------------------------------------------
@@ -203,6 +209,8 @@ class Batch:
             self._spec_mtp = 0
         for b, k in enumerate(keeps):
             p = self.pending[b]
+            if not self.tracked[b]:
+                continue
             if not drafted:  # no head step ran: the pair (last hidden, x0) is pending too
                 p.add(self.last_hidden[b, -1:], inputs[b][:1])
             if k:

@@ -242,7 +242,7 @@ class BatchDecoder:
         if ev.finish_reason is not None:
             return self._end(st, ev)
         st.x0 = x0
-        self.batch.join(s)
+        self.batch.join(s, track=st.depth != 0)
         st.session = st.prefill = None
         self.active.append(st)
         return st, ev
