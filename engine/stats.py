@@ -133,6 +133,7 @@ class StatsSnapshot:
     current_depth: int | None
     depth_history: tuple[DepthPoint, ...]
     memory: MemorySample | None
+    batch_rows: int = 1  # streams in the last cycle (engine.batching): 1 when decoding alone
 
 
 def read_memory() -> MemorySample:
@@ -377,4 +378,5 @@ class StatsAggregator:
             current_depth=last.depth if last else None,
             depth_history=tuple(self._depths),
             memory=self._memory,
+            batch_rows=last.batch_rows if last else 1,
         )

@@ -413,7 +413,8 @@ class DashboardWindow(QWidget):
         last = s.depth_history[-1] if s.depth_history else None
         self.t_depth.set(str(s.current_depth) if s.current_depth is not None else "–",
                          last.reason if last and last.reason else "")
-        self.t_tokens.set(str(r.tokens) if r else "–", f"{r.cycles} cycles" if r else "")
+        together = f" · batch of {s.batch_rows}" if s.batch_rows > 1 else ""
+        self.t_tokens.set(str(r.tokens) if r else "–", f"{r.cycles} cycles{together}" if r else "")
         ctx = self.info.context_length if self.info else 0
         if ctx:
             frac = s.context_tokens / ctx

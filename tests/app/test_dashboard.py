@@ -223,3 +223,19 @@ def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
     reasons = {p.reason for p in s.depth_history}  # the controller's reasons are recorded
     assert reasons <= {"warmup", "explore", "best score", "switch", "hold (hysteresis)"}
     assert not w.grab().isNull()
+
+
+def test_tokens_tile_says_when_the_reply_shares_a_batch(qtbot, window, emitter):
+    """A cycle decoded together with other streams (engine.batching) is named on the Tokens
+    tile: 'batch of 3'; a lone stream's says nothing about batches."""
+    from dataclasses import replace
+
+    emitter.stats.connect(window.on_stats)
+    emitter.stats.emit(1, make_cycle(0, 2, 2))
+    qtbot.waitUntil(lambda: window.last_snapshot is not None
+                    and window.last_snapshot.cycles == 1, timeout=3000)
+    assert "batch" not in window.t_tokens.note.text()
+    emitter.stats.emit(1, replace(make_cycle(1, 2, 1), batch_rows=3))
+    qtbot.waitUntil(lambda: window.last_snapshot.cycles == 2, timeout=3000)
+    assert window.last_snapshot.batch_rows == 3
+    qtbot.waitUntil(lambda: "batch of 3" in window.t_tokens.note.text(), timeout=3000)
