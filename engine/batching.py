@@ -66,6 +66,7 @@ class Stream:
     reused: int = 0
     x0: int = -1                        # the pending token (emitted, not yet fed)
     after_prompt: Snapshot | None = None
+    lineage: int = 0                    # its prompt-cache lineage (``session.PromptCache``)
     finished: bool = False
 
     @property
@@ -204,6 +205,8 @@ class BatchDecoder:
         """``st`` is done with ``ev``; its final state goes to the prompt cache."""
         st.finished = True
         session = st.session if row is None else self.batch.extract(row)
+        if row is not None:  # the same conversation: its snapshots replace each other
+            session.lineage = st.lineage
         if session is not None and st.after_prompt is not None:
             decode._keep(self.model, st.after_prompt, session.snapshot())
         st.session = st.prefill = None
@@ -241,10 +244,14 @@ class BatchDecoder:
         ev = reply.emit(*decode._cut(reply, [x0], row.constraint), prefill=prefill)
         if ev.finish_reason is not None:
             return self._end(st, ev)
-        st.x0 = x0
+        st.x0, st.lineage = x0, s.lineage
         self.batch.join(s, track=st.depth != 0)
         st.session = st.prefill = None
         self.active.append(st)
+        # conversations decoded concurrently each keep their own prompt-cache state (a lone
+        # chat keeps one, as before)
+        pc = self.model.prompt_cache
+        pc.max_lineages = max(pc.max_lineages, len(self.active))
         return st, ev
 
     # -- the batched cycle ----------------------------------------------------------------------

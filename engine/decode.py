@@ -165,9 +165,7 @@ def _keep(model, after_prompt, at_end) -> None:
 def _session_for(model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]:
     """A session resumed from the longest usable snapshot: in memory first, then on disk
     (``engine.diskcache``, only for prompts it would have saved); else a fresh one."""
-    snap = model.prompt_cache.take(prompt)
-    if snap is not None and use_mtp and not snap.mtp_ok:
-        snap = None
+    snap = model.prompt_cache.take(prompt, need_mtp=use_mtp)
     disk = getattr(model, "disk_cache", None)
     if disk is not None and len(prompt) >= disk.min_tokens:
         snap = disk.load(prompt, longer_than=len(snap.fed) if snap else 0,

@@ -12,6 +12,7 @@ committed pair (h_t, x_{t+1}) built from trunk hiddens, except the pairs still `
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ import mlx.core as mx
 from engine.trunk import commit_captures, forward_hidden, lm_head, trim_attention
 
 PREFILL_CHUNK = 512
+_lineages = itertools.count(1)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Snapshot:
     last_hidden: mx.array | None
     last_logits: mx.array
     mtp_ok: bool
+    lineage: int = 0  # snapshots of one lineage share buffers (see ``PromptCache``)
 
 
 def _cache_state(cache: list) -> list:
@@ -75,6 +78,9 @@ class Session:
     last_hidden: mx.array | None = None
     last_logits: mx.array | None = None  # [1, V]
     mtp_ok: bool = True
+    # which buffers this session writes into: a fresh session starts a lineage, a resumed
+    # one continues its snapshot's (``PromptCache``)
+    lineage: int = field(default_factory=lambda: next(_lineages))
 
     @classmethod
     def fresh(cls, model, *, use_mtp: bool) -> "Session":
@@ -90,7 +96,8 @@ class Session:
             fed=tuple(self.fed), trunk_state=_cache_state(self.trunk_cache),
             mtp_state=_cache_state(self.mtp_cache) if self.mtp_cache else None,
             mtp_rows=self.mtp_rows, pending_h=self.pending_h, pending_tok=tuple(self.pending_tok),
-            last_hidden=self.last_hidden, last_logits=self.last_logits, mtp_ok=self.mtp_ok)
+            last_hidden=self.last_hidden, last_logits=self.last_logits, mtp_ok=self.mtp_ok,
+            lineage=self.lineage)
 
     @classmethod
     def from_snapshot(cls, model, snap: Snapshot, *, use_mtp: bool) -> "Session":
@@ -102,6 +109,7 @@ class Session:
         s.pending_h, s.pending_tok = snap.pending_h, list(snap.pending_tok)
         s.last_hidden, s.last_logits = snap.last_hidden, snap.last_logits
         s.mtp_ok = snap.mtp_ok and s.mtp_cache is not None
+        s.lineage = snap.lineage
         return s
 
     # -- feeding tokens -----------------------------------------------------------------
@@ -241,22 +249,44 @@ class Session:
 
 @dataclass
 class PromptCache:
-    """Snapshots of a conversation's decode state (after the prompt, after the reply)."""
+    """Snapshots of conversations' decode state (after the prompt, after the reply).
+
+    Snapshots of one *lineage* (a session and the ones resumed from its snapshots) share
+    attention buffers: resuming one writes into them, so ``take`` drops that lineage's other
+    snapshots. Other lineages (other conversations) are independent; up to ``max_lineages``
+    of them are kept, the least recently kept dropped first. With the default 1, starting a
+    reply frees every other conversation's state before its prefill (one conversation's
+    memory, as a single chat needs); a batch of streams (``engine.batching``) raises it so
+    concurrent conversations (an agent's sub-agents) each find their own next turn cached.
+    """
 
     snapshots: list[Snapshot] = field(default_factory=list)
+    max_lineages: int = 1
 
     def keep(self, snap: Snapshot) -> None:
         self.snapshots.append(snap)
+        order: list[int] = []
+        for s in reversed(self.snapshots):  # most recently kept first
+            if s.lineage not in order:
+                order.append(s.lineage)
+        keep = set(order[:max(1, self.max_lineages)])
+        self.snapshots = [s for s in self.snapshots if s.lineage in keep]
 
-    def take(self, prompt: list[int]) -> Snapshot | None:
+    def take(self, prompt: list[int], *, need_mtp: bool = False) -> Snapshot | None:
+        """The longest snapshot whose tokens start ``prompt`` (with ``need_mtp``: only one
+        whose MTP cache is in step)."""
         best = None
         for s in self.snapshots:
             n = len(s.fed)
+            if need_mtp and not s.mtp_ok:
+                continue
             if n <= len(prompt) and tuple(prompt[:n]) == s.fed and n > 0:
                 if n == len(prompt) and s.last_logits is None:
                     continue
                 if best is None or n > len(best.fed):
                     best = s
-        # Snapshots share attention buffers: once one is resumed the others are stale.
-        self.snapshots = []
+        if self.max_lineages <= 1:
+            self.snapshots = []
+        elif best is not None:  # its lineage's buffers are about to be written
+            self.snapshots = [s for s in self.snapshots if s.lineage != best.lineage]
         return best

@@ -243,3 +243,33 @@ def test_replay_drafters_batch_without_the_head(tiny_model):
     for s, ref in zip(streams, refs):
         assert got[s.id] == ref
     assert dec.cycles <= 30 // 2 + 2
+
+
+def test_concurrent_conversations_each_reuse_their_prompt_cache(tiny_model):
+    """Four conversations decoded together, then each one's next turn (its prompt plus reply
+    plus a new message) decoded together again: every stream resumes from its own cached
+    state (reused prompt tokens), and the output is what a fresh decode gives."""
+    ps = prompts(4, seed=37)
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=4)
+    first = [dec.add(p, depth=d, max_tokens=12) for p, d in zip(ps, [1, 2, 0, 3])]
+    got = batched(dec, first)
+    follow = [p + got[s.id] + [5, 6, 7] for p, s in zip(ps, first)]
+    refs = [alone(tiny_model, f, depth=2, max_tokens=10) for f in follow]
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=4)
+    batched(dec, [dec.add(p, depth=d, max_tokens=12) for p, d in zip(ps, [1, 2, 0, 3])])
+    second = [dec.add(f, depth=2, max_tokens=10) for f in follow]
+    reused = {}
+    while dec.busy:
+        for st, ev in dec.step():
+            if ev.prefill is not None:
+                reused[st.id] = ev.prefill.reused_tokens
+    for s, p, d in zip(second, ps, [1, 2, 0, 3]):
+        # the state after the reply (a depth-0 stream's has no MTP cache in step: the one
+        # after its prompt)
+        assert reused[s.id] > len(p) if d else reused[s.id] == len(p), (reused, len(p))
+    got2 = batched(dec, [])
+    assert got2 == {}
+    for s, ref in zip(second, refs):
+        assert s.reply.generated == ref
