@@ -403,19 +403,23 @@ class BatchDecoder:
             qs.append(q)
         return d
 
-    def _accept(self, b: int, c: _Cycle) -> cycle.Verdict:
-        st, k, p = self.active[b], c.ks[b], c.proposals[b]
+    def _accept(self, b: int, c: _Cycle, *, key: mx.array | None = None,
+                dense: bool = False) -> cycle.Verdict:
+        """Row b's acceptance (lazy); ``dense`` redoes it with the same ``key`` after a
+        top-k tie."""
+        st, k, r = self.active[b], c.ks[b], self.active[b].row
         logits = c.ver.logits[b, :k + 1]
         if st.plain:  # one token, drawn as decode.run_plain draws it
-            r = st.row
-            key = None if r.params.greedy else next(r.keys)
+            if key is None and not r.params.greedy:
+                key = next(r.keys)
             if r.constraint is not None:
                 logits = grammar.masked(logits, r.constraint.allowed())
-            y, exact = decode._pick(logits, r.params, r.reply.counts, key)
+            y, exact = decode._pick(logits, r.params, r.reply.counts, key, dense=dense)
             return cycle.Verdict(mx.array(0, dtype=mx.int32), y, exact=exact, key=key)
-        d = cycle.Draft(x0=st.x0, k=k, reason=c.reasons[b], proposal=p, t0=c.t0, t_draft=0.0)
+        d = cycle.Draft(x0=st.x0, k=k, reason=c.reasons[b], proposal=c.proposals[b], t0=c.t0,
+                        t_draft=0.0)
         ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
-        return cycle.accept(st.row, d, ver)
+        return cycle.accept(r, d, ver, key=key, dense=dense)
 
     def _sync(self, c: _Cycle, verdicts: list[cycle.Verdict | None],
               ) -> list[tuple[int, int, list[int]]]:
@@ -439,21 +443,6 @@ class BatchDecoder:
                 results.append((n, target[b][n], drafted))
                 continue
             if v.exact is not None and not v.exact.item():
-                v = self._dense(b, c, v)
+                v = self._accept(b, c, key=v.key, dense=True)
             results.append((int(v.n.item()), int(v.extra.item()), drafted))
         return results
-
-    def _dense(self, b: int, c: _Cycle, v: cycle.Verdict) -> cycle.Verdict:
-        st, k = self.active[b], c.ks[b]
-        logits = c.ver.logits[b, :k + 1]
-        if st.plain:
-            r = st.row
-            if r.constraint is not None:
-                logits = grammar.masked(logits, r.constraint.allowed())
-            y, _ = decode._pick(logits, r.params, r.reply.counts, v.key, dense=True)
-            return cycle.Verdict(v.n, y)
-        d = cycle.Draft(x0=st.x0, k=k, reason="", proposal=c.proposals[b], t0=c.t0, t_draft=0.0)
-        ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
-        v = cycle.accept(st.row, d, ver, key=v.key, dense=True)
-        mx.eval(v.n, v.extra)
-        return v
