@@ -59,10 +59,12 @@ class RowKVCache:
             start = self.lengths[0]
             self.keys[..., start:start + n, :] = keys
             self.values[..., start:start + n, :] = values
-        else:
-            for b, start in enumerate(self.lengths):
-                self.keys[b:b + 1, :, start:start + n, :] = keys[b:b + 1]
-                self.values[b:b + 1, :, start:start + n, :] = values[b:b + 1]
+        else:  # one scatter per buffer: row b's n positions from its own length
+            pos = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(pos, keys.shape), keys,
+                                          axis=2)
+            self.values = mx.put_along_axis(self.values, mx.broadcast_to(pos, values.shape),
+                                            values, axis=2)
         self.lengths = [length + n for length in self.lengths]
         return self.keys[..., :end, :], self.values[..., :end, :]
 

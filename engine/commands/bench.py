@@ -51,7 +51,7 @@ def add_arguments(p) -> None:
     p.add_argument("--long-max-tokens", default=None, metavar="N,N,...", type=_positives,
                    help="decode tokens per --context length (default: --max-tokens, halved "
                         "above 8k tokens)")
-    p.add_argument("--streams", default=None, metavar="N,N,...", type=_positives,
+    p.add_argument("--streams", default=None, metavar="N,N,...", type=_stream_counts,
                    help="batched mode: aggregate tok/s of N streams decoded together "
                         "(mlx-lm's BatchGenerator vs this engine's batch at depth 0 and "
                         "--depths), peak memory per stream, and a joining stream's TTFT")
@@ -85,21 +85,26 @@ def _texts(model, args) -> list[str]:
     return [p for ps in load_prompt_sets(model, args.prompts).values() for p in ps]
 
 
-def _positive(text: str) -> int:
+def _positive(text: str, what: str = "tokens") -> int:
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of tokens >= 1, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number of {what} >= 1, not {text!r}")
     return n
 
 
-def _positives(text: str) -> str:
-    """An argparse type: comma-separated token counts, each >= 1 (kept as the text)."""
+def _positives(text: str, what: str = "tokens") -> str:
+    """An argparse type: comma-separated counts (of ``what``), each >= 1 (kept as the text)."""
     for part in text.split(","):
-        _positive(part.strip())
+        _positive(part.strip(), what)
     return text
+
+
+def _stream_counts(text: str) -> str:
+    """An argparse type for ``--streams``: comma-separated stream counts, each >= 1."""
+    return _positives(text, "streams")
 
 
 def _run_context(args, model, depths) -> int:

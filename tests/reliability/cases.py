@@ -166,7 +166,7 @@ CLI = [
     Case("cli", "serve-max-streams-zero", ("serve", "--max-streams", "0"), 2,
          ("--max-streams", "1 to 64"), base=None),
     Case("cli", "bench-streams-not-a-number", ("bench", "--streams", "1,x"), 2,
-         ("--streams", "'x'"), base=None),
+         ("--streams", "number of streams", "'x'"), base=None),
     Case("cli", "bench-reopen-negative", ("bench", "--reopen", "-1"), 2, ("--reopen",),
          base=None),
     Case("cli", "bench-context-not-a-number", ("bench", "--context", "512,x"), 2,
