@@ -218,11 +218,24 @@ class Batch:
 
 
 def _per_row(steps: list[mx.array], keeps: list[int]) -> mx.array:
-    """Row b of ``steps[keeps[b]]`` for every row: one copy of a row's state, no stacking of
-    all S steps (the GDN states are the big arrays of a cycle); none when all rows agree."""
+    """Row b of ``steps[keeps[b]]`` for every row, in one fused pass (``_select``) with no
+    stacking of all S steps (the GDN states are the big arrays of a cycle); none when all
+    rows agree."""
     if len(set(keeps)) == 1:
         return steps[keeps[0]]
-    return mx.concatenate([steps[k][b:b + 1] for b, k in enumerate(keeps)])
+    used = sorted(set(keeps))  # only the steps some row keeps are read
+    pick = mx.array([used.index(k) for k in keeps], dtype=mx.int32)
+    return _select(pick.reshape((-1,) + (1,) * (steps[0].ndim - 1)), *[steps[k] for k in used])
+
+
+@mx.compile
+def _select(pick: mx.array, *steps: mx.array) -> mx.array:
+    """``steps[pick[b]][b]`` for every row b: a chain of ``where`` that compiles into one
+    kernel (a copy: the values are exactly the chosen steps')."""
+    out = steps[0]
+    for j in range(1, len(steps)):
+        out = mx.where(pick == j, steps[j], out)
+    return out
 
 
 def _pad_rows(h: mx.array, n: int) -> mx.array:
