@@ -119,9 +119,8 @@ def accept(row: Row, d: Draft, ver: Verified, *, key: mx.array | None = None,
     vocab = logits.shape[-1]
     if not dense and candidates.applies(params, vocab, logits.dtype) and \
             (q is None or isinstance(q, candidates.Candidates)):
-        p = candidates.build(logits, params, rows)
-        n, extra = candidates.accept_sampled(p, q, drafts, key)
-        return Verdict(n, extra, exact=mx.all(p.exact), key=key)
+        n, extra, exact = candidates.accept_compiled(logits, params, rows, q, drafts, key)
+        return Verdict(n, extra, exact=exact, key=key)
     if isinstance(q, candidates.Candidates):
         q = q.dense(vocab)
     p = sampling.build_probs(logits, params, rows)

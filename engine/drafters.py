@@ -97,8 +97,10 @@ def pick_draft(logits: mx.array, params: SamplingParams, row_counts, key,
         d = sampling.argmax_tokens(logits, params, row_counts)
         return d.reshape(()).astype(mx.int32), None
     if mode == "filtered" and candidates.applies(params, logits.shape[-1], logits.dtype):
-        c = candidates.build(logits, params, row_counts)
-        return candidates.sample(c, key).reshape(()), c
+        draw = candidates.compiled_draft(params, row_counts is not None)
+        d, ids, probs, exact = draw(logits, key) if row_counts is None else \
+            draw(logits, key, row_counts)
+        return d.reshape(()), candidates.Candidates(ids, probs, exact)
     qp = params if mode == "filtered" else _unfiltered(params)
     q = sampling.build_probs(logits, qp, row_counts)
     d = sampling.sample(q, key)

@@ -286,3 +286,40 @@ def test_nucleus_allows_for_the_float32_sum_of_build_probs():
         c = C.build(mx.array(x), params)
         assert not bool(c.exact[0])
         _check_where_exact(c, np.array(S.build_probs(mx.array(x), params)))
+
+
+COMPILED_PARAMS = PARAMS + [SamplingParams(temperature=0.6, top_p=0.95),
+                            SamplingParams(temperature=0.8, min_p=0.1, presence_penalty=0.3)]
+
+
+@pytest.mark.parametrize("params", COMPILED_PARAMS, ids=str)
+@pytest.mark.parametrize("vocab", [4096, QWEN_V])
+def test_compiled_draft_and_acceptance_are_bit_identical(params, vocab):
+    """``compiled_draft`` / ``accept_compiled`` (what drafts and acceptance run) give the
+    uncompiled ``build`` + ``sample`` / ``accept_sampled`` values bit for bit: the draft
+    token, its q row, and (n, extra, exact) with and without q, at depths 0-4, ties included."""
+    rng = np.random.default_rng(vocab + int(params.temperature * 10))
+    penalised = params.presence_penalty != 0 or params.frequency_penalty != 0
+    for trial in range(6):
+        k = trial % 5
+        x = mx.array(_logits(rng, max(k + 1, 4), vocab)[:k + 1])
+        counts = mx.array(rng.integers(0, 3, size=(k + 1, vocab)).astype(np.float32)) \
+            if penalised else None
+        key = S.make_key(trial)
+        draw = C.compiled_draft(params, penalised)
+        row_counts = None if counts is None else counts[:1]
+        got = draw(x[:1], key) if counts is None else draw(x[:1], key, row_counts)
+        ref_c = C.build(x[:1], params, row_counts)
+        ref = (C.sample(ref_c, key), ref_c.ids, ref_c.probs, ref_c.exact)
+        for a, b in zip(got, ref):
+            assert np.array_equal(np.array(a), np.array(b))
+        drafts = mx.array(rng.integers(0, vocab, size=k).astype(np.int32))
+        if k:
+            drafts[0] = ref_c.ids[0, 0]  # one draft the target likes
+        qs = [C.build(x[i:i + 1] * 0.9, params) for i in range(k)]
+        for q in ([None, C.Candidates.stack(qs)] if k else [None]):
+            got = C.accept_compiled(x, params, counts, q, drafts, key)
+            p = C.build(x, params, counts)
+            n, extra = C.accept_sampled(p, q, drafts, key)
+            for a, b in zip(got, (n, extra, mx.all(p.exact))):
+                assert np.array_equal(np.array(a), np.array(b))
