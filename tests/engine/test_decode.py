@@ -310,3 +310,26 @@ def test_speculative_cycle_times(tiny_model, profile):
         assert parts <= c.t_total + 1e-9
         assert c.host_syncs == (4 if profile else 1)
         assert (c.t_sync == 0.0) if profile else (c.t_sync > 0.0)
+
+
+@pytest.mark.parametrize("S", [2, 3, 5])
+def test_fused_gdn_capture_is_bit_identical(tiny_model, S):
+    """The compiled verify-forward GDN layer (one row, CPU) gives the uncompiled layer's
+    output and every captured conv window and recurrent state bit for bit."""
+    from engine import trunk
+
+    s = Session.fresh(tiny_model, use_mtp=True)
+    s.prefill(list(range(3, 40)))
+    layer = next(i for i, c in enumerate(s.trunk_cache) if isinstance(c, list) or
+                 type(c).__name__ == "ArraysCache")
+    gdn = tiny_model.text_model.model.layers[layer].linear_attn
+    c = s.trunk_cache[layer]
+    x = mx.random.normal((1, S, tiny_model.text_model.args.hidden_size), key=mx.random.key(S))
+    ref_cache, got_cache = [c[0], c[1]], [c[0], c[1]]
+    ref, ref_cap = trunk._gdn_capture(gdn, x, ref_cache)
+    got, got_cap = trunk._gdn_capture_fused(gdn, x, got_cache)
+    assert gdn.__dict__.get("_mtpchat_capture"), "the fused path did not run"
+    pairs = [(ref, got)] + list(zip(ref_cap.conv + ref_cap.state, got_cap.conv + got_cap.state))
+    pairs += list(zip(ref_cache, got_cache))
+    for a, b in pairs:
+        assert np.array_equal(np.array(a), np.array(b))
