@@ -112,7 +112,7 @@ def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
 def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
     """``_gdn_capture`` as one ``mx.compile``d function per layer and input shape on the CPU
     (the same operations fused: bit-identical, tested; depth 2-3 replies on the demo model
-    4-9 % faster, where dispatching ~50 small operations a layer costs more than their
+    3-9 % faster in alternating runs, where dispatching ~50 small operations a layer costs more than their
     arithmetic). Only for one row: over a batch of 8 rows the fused kernels were slower than
     MLX's own (0.91x at depth 3, measured alternating in one process). The compiled functions
     live on the layer itself, so they go with the model."""
@@ -129,7 +129,9 @@ def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
         def body(x, conv, state):
             out, cap = _gdn_capture(gdn, x, [conv, state])
             return (out, *cap.conv, *cap.state)
-        fn = fns[key] = mx.compile(body)
+        # the layer's weights are inputs, not constants: a model whose weights change in
+        # place (training, a reload into the same modules) is never run with stale ones
+        fn = fns[key] = mx.compile(body, inputs=gdn.state)
     res = fn(x, cache[0], cache[1])
     S = x.shape[1]
     capture = GDNCapture(conv=list(res[1:1 + S]), state=list(res[1 + S:]))

@@ -333,3 +333,25 @@ def test_fused_gdn_capture_is_bit_identical(tiny_model, S):
     pairs += list(zip(ref_cache, got_cache))
     for a, b in pairs:
         assert np.array_equal(np.array(a), np.array(b))
+
+
+def test_fused_gdn_capture_sees_new_weights(tiny_model):
+    """Weights changed in place after the fused layer was compiled are the ones it uses."""
+    from engine import trunk
+
+    s = Session.fresh(tiny_model, use_mtp=True)
+    s.prefill(list(range(3, 20)))
+    layer = next(i for i, c in enumerate(s.trunk_cache) if type(c).__name__ == "ArraysCache")
+    gdn = tiny_model.text_model.model.layers[layer].linear_attn
+    c = s.trunk_cache[layer]
+    x = mx.random.normal((1, 3, tiny_model.text_model.args.hidden_size), key=mx.random.key(1))
+    before, _ = trunk._gdn_capture_fused(gdn, x, [c[0], c[1]])
+    old = gdn.out_proj.weight
+    try:
+        gdn.out_proj.weight = old * 2
+        after, _ = trunk._gdn_capture_fused(gdn, x, [c[0], c[1]])
+        ref, _ = trunk._gdn_capture(gdn, x, [c[0], c[1]])
+    finally:
+        gdn.out_proj.weight = old
+    assert np.array_equal(np.array(after), np.array(ref))
+    assert not np.array_equal(np.array(after), np.array(before))
