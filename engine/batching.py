@@ -20,8 +20,10 @@ next key split k ways, acceptance the next; a depth-0 stream samples each token 
 ``decode.run_plain`` (one key per token). So a seeded stream gives the same tokens batched or
 alone, and greedy streams equal their single-stream output.
 
-Left out: a structured-output stream (``constraint``) decodes at depth 0 in a batch (its
-masks need the host between draft steps); it is still exact.
+A structured-output stream (``constraint``) speculates too: its drafts are drawn under the
+grammar's mask, which needs its previous drafts on the host, so a cycle with such a row reads
+each draft step's tokens back before the next (one host wait per draft step, for that cycle
+only); its acceptance masks every verified row (``cycle.accept``), as alone.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine import cycle, decode, grammar, sampling, store
+from engine import candidates, cycle, decode, grammar, sampling, store
 from engine.adaptive import AdaptiveDepth
 from engine.batch import Batch, BatchVerified
 from engine.drafters import (Drafter, DraftRequest, Proposal, draft_counts, pick_draft,
@@ -94,6 +96,16 @@ class _Cycle:
     controller: AdaptiveDepth | None = None  # the auto rows' (``BatchDecoder._controller``)
     t_draft: float = 0.0
     t_verify: float = 0.0
+
+
+@dataclass
+class _Drafts:
+    """Every row's drafts so far in one batched draft (``BatchDecoder._draft_mtp``)."""
+
+    keys: list[list]                # row b's key for each of its draft steps (None: greedy)
+    tokens: list[list[mx.array]]
+    qs: list[list]                  # the q rows they were drawn from (none when argmax)
+    host: list[list[int]]           # a constrained row's drafts on the host (for its masks)
 
 
 class BatchDecoder:
@@ -293,7 +305,7 @@ class BatchDecoder:
                 extra_kind="plain" if st.plain else cycle._extra_kind(len(tokens), n, c.ks[b]),
                 context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b],
                 batch_rows=len(self.active), **times)
-            if c.controller is not None and st.depth == "auto" and st.row.constraint is None:
+            if c.controller is not None and st.depth == "auto":
                 c.controller.observe(stats)
             ev = st.reply.emit(tokens, reason, stats=stats)
             st.x0 = extra
@@ -306,8 +318,6 @@ class BatchDecoder:
         return out
 
     def _depth(self, st: Stream, auto: tuple[int, str] | None) -> tuple[int, str]:
-        if st.row.constraint is not None:
-            return 0, "structured output"
         k, reason = auto if st.depth == "auto" else (st.depth, "fixed")
         return max(0, min(int(k), st.reply.remaining - 1)), reason
 
@@ -315,7 +325,7 @@ class BatchDecoder:
         """Depths, drafts (started computing) and the verify forward (lazy)."""
         t0 = time.perf_counter()
         ctrl = None
-        if any(st.depth == "auto" and st.row.constraint is None for st in self.active):
+        if any(st.depth == "auto" for st in self.active):
             ctrl = self._controller(len(self.active))
         auto = ctrl.choose() if ctrl is not None else None
         chosen = [self._depth(st, auto) for st in self.active]
@@ -364,7 +374,8 @@ class BatchDecoder:
             r = st.row
             out.append(None if k == 0 else r.drafter.draft(DraftRequest(
                 x0=st.x0, k=k, generated=r.reply.generated, params=r.params,
-                counts=r.reply.counts, key=None if r.params.greedy else next(r.keys))))
+                counts=r.reply.counts, key=None if r.params.greedy else next(r.keys),
+                allowed=r.constraint.allowed if r.constraint else None)))
         return out
 
     def _draft_mtp(self, ks: list[int], c: _Cycle) -> list[Proposal | None]:
@@ -374,9 +385,9 @@ class BatchDecoder:
         rows = [st.row for st in self.active]
         keys = [[None] * k if k == 0 or r.params.greedy else sampling.split_key(next(r.keys), k)
                 for r, k in zip(rows, ks)]
-        greedy = all(r.params.greedy and r.reply.counts is None for r in rows)
-        drafts: list[list[mx.array]] = [[] for _ in rows]
-        qs: list[list] = [[] for _ in rows]
+        greedy = all(self._greedy(st) for st in self.active)
+        drafts = _Drafts(keys=keys, tokens=[[] for _ in rows], qs=[[] for _ in rows],
+                         host=[[] for _ in rows])
         out = self.batch.mtp_first([st.x0 for st in self.active])
         columns = []
         for j in range(max(ks)):
@@ -384,23 +395,62 @@ class BatchDecoder:
             if greedy:  # argmax for every row at once (what MTPDrafter takes when greedy)
                 col = mx.argmax(logits, axis=-1).astype(mx.int32)
             else:
-                col = mx.stack([self._pick(r, logits[b:b + 1], drafts[b], qs[b], keys[b][j])
-                                if j < k else mx.array(0, dtype=mx.int32)
-                                for b, (r, k) in enumerate(zip(rows, ks))])
+                col = self._column(rows, ks, j, logits, drafts)
             columns.append(col)
             if j + 1 < max(ks):
                 out = self.batch.mtp_next(out, col)
         c.grid = mx.stack(columns, axis=1)
-        return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts[b]),
-                         q=stack_q(qs[b])) if k else None for b, k in enumerate(ks)]
+        return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts.tokens[b]),
+                         q=stack_q(drafts.qs[b])) if k else None for b, k in enumerate(ks)]
 
-    def _pick(self, r: cycle.Row, logits: mx.array, drafts: list, qs: list, key) -> mx.array:
-        """Row r's next draft from the head's logits [1, V] (appended to ``drafts``/``qs``)."""
-        d, q = pick_draft(logits, r.params, draft_counts(r.reply.counts, drafts), key,
-                          self.draft_mode)
-        drafts.append(d)
+    def _column(self, rows: list[cycle.Row], ks: list[int], j: int, logits: mx.array,
+                drafts: _Drafts) -> mx.array:
+        """Draft step j of every row [B] (0 past a row's depth). Rows that share their
+        sampling parameters draw in one compiled call (``candidates.compiled_draft_rows``),
+        each with its own key, so each gets what ``pick_draft`` would give it alone."""
+        col = [mx.array(0, dtype=mx.int32)] * len(rows)
+        groups: dict[tuple[SamplingParams, bool], list[int]] = {}
+        for b, (r, k) in enumerate(zip(rows, ks)):
+            if j < k and r.constraint is None and self._compact(r.params, logits):
+                groups.setdefault((r.params, r.reply.counts is not None), []).append(b)
+            elif j < k:
+                col[b] = self._pick(r, logits[b:b + 1], drafts, b, j)
+        for (params, penalised), bs in groups.items():
+            if len(bs) == 1:
+                col[bs[0]] = self._pick(rows[bs[0]], logits[bs[0]:bs[0] + 1], drafts, bs[0], j)
+                continue
+            args = [logits if len(bs) == len(rows) else
+                    mx.take(logits, mx.array(bs, dtype=mx.int32), axis=0),
+                    mx.stack([drafts.keys[b][j] for b in bs])]
+            if penalised:
+                args.append(mx.concatenate([draft_counts(rows[b].reply.counts,
+                                                         drafts.tokens[b]) for b in bs]))
+            tok, ids, probs, exact = candidates.compiled_draft_rows(params, penalised)(*args)
+            for i, b in enumerate(bs):
+                col[b] = tok[i]
+                drafts.tokens[b].append(tok[i])
+                drafts.qs[b].append(candidates.Candidates(ids[i:i + 1], probs[i:i + 1],
+                                                          exact[i:i + 1]))
+        return mx.stack(col)
+
+    def _compact(self, params: SamplingParams, logits: mx.array) -> bool:
+        """Whether ``pick_draft`` would draw with ``candidates.compiled_draft``."""
+        return (self.draft_mode == "filtered" and not params.greedy
+                and candidates.applies(params, logits.shape[-1], logits.dtype))
+
+    def _pick(self, r: cycle.Row, logits: mx.array, drafts: _Drafts, b: int,
+              j: int) -> mx.array:
+        """Row b's draft j from the head's logits [1, V], as ``MTPDrafter`` draws it: under
+        its grammar's mask after its drafts so far (read back to the host for that)."""
+        if r.constraint is not None:
+            logits = grammar.masked(logits, r.constraint.allowed(drafts.host[b]))
+        d, q = pick_draft(logits, r.params, draft_counts(r.reply.counts, drafts.tokens[b]),
+                          drafts.keys[b][j], self.draft_mode)
+        drafts.tokens[b].append(d)
         if q is not None:
-            qs.append(q)
+            drafts.qs[b].append(q)
+        if r.constraint is not None:
+            drafts.host[b].append(int(d.item()))
         return d
 
     def _accept(self, b: int, c: _Cycle, *, key: mx.array | None = None,

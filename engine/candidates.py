@@ -296,6 +296,12 @@ def sample(c: Candidates, key: mx.array) -> mx.array:
     return mx.take_along_axis(c.ids, j[:, None], axis=-1)[:, 0]
 
 
+def sample_each(c: Candidates, keys: mx.array) -> mx.array:
+    """``sample`` of each row with its own key (``keys[R, 2]``) -> [R] token ids."""
+    j = sampling.sample_each(c.probs, keys)
+    return mx.take_along_axis(c.ids, j[:, None], axis=-1)[:, 0]
+
+
 def prob_of(c: Candidates, tokens: mx.array) -> mx.array:
     """``c``'s probability of ``tokens`` [R] (0 outside its ids) -> [R]."""
     hit = c.ids == tokens.reshape(-1, 1)
@@ -355,6 +361,17 @@ def compiled_draft(params: SamplingParams, penalised: bool):
         c = build(logits, params, counts)
         return sample(c, key), c.ids, c.probs, c.exact
     return mx.compile(draw if penalised else (lambda logits, key: draw(logits, key)))
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_draft_rows(params: SamplingParams, penalised: bool):
+    """(logits [R, V], keys [R, 2][, counts [R, V]]) -> (tokens [R], ids, probs, exact):
+    ``compiled_draft`` for R rows that share ``params`` in one call; row i draws with
+    ``keys[i]`` exactly what ``compiled_draft`` draws from ``logits[i:i + 1]`` (tested)."""
+    def draw(logits, keys, counts=None):
+        c = build(logits, params, counts)
+        return sample_each(c, keys), c.ids, c.probs, c.exact
+    return mx.compile(draw if penalised else (lambda logits, keys: draw(logits, keys)))
 
 
 @functools.lru_cache(maxsize=64)

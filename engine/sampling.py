@@ -251,6 +251,15 @@ def sample(probs: mx.array, key: mx.array) -> mx.array:
     return mx.argmax(mx.log(probs) + g, axis=-1).astype(mx.int32)
 
 
+def sample_each(probs: mx.array, keys: mx.array) -> mx.array:
+    """``sample`` of each row of ``probs[R, V]`` with its own key (``keys[R, 2]``): row i
+    draws exactly what ``sample(probs[i:i + 1], keys[i])`` draws (the same noise)."""
+    probs = _as_float(probs)
+    g = mx.concatenate([mx.random.gumbel(shape=(1, probs.shape[-1]), key=keys[i])
+                        for i in range(probs.shape[0])]).astype(probs.dtype)
+    return mx.argmax(mx.log(probs) + g, axis=-1).astype(mx.int32)
+
+
 # --------------------------------------------------------------------------------------
 # Exact speculative acceptance
 # --------------------------------------------------------------------------------------
