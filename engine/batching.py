@@ -96,13 +96,43 @@ class _Cycle:
     controller: AdaptiveDepth | None = None  # the auto rows' (``BatchDecoder._controller``)
     t_draft: float = 0.0
     t_verify: float = 0.0
+    groups: list[_Group] = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    """Rows of one cycle that draft and accept together: the same sampling parameters (no
+    penalties, no grammar, compact candidates) and the same depth k >= 1. Each draft step is
+    one ``candidates.compiled_draft_rows`` call and the acceptance one
+    ``compiled_accept_rows`` call for all of them, each row with its own keys, so each gets
+    what it would get alone; nothing is sliced per row until the host reads the results."""
+
+    params: SamplingParams
+    k: int
+    rows: list[int]
+    draft_keys: mx.array | None = None  # [R, k, 2]
+    ids: list[mx.array] = field(default_factory=list)    # per draft step: q ids [R, K]
+    probs: list[mx.array] = field(default_factory=list)  # q probs [R, K]
+    exact: list[mx.array] = field(default_factory=list)  # [R]
+    keys: mx.array | None = None        # acceptance keys [R, 2]
+    verdict: tuple = ()                 # (n, extra, all target rows exact), each [R], lazy
+
+    @property
+    def index(self) -> mx.array:
+        return mx.array(self.rows, dtype=mx.int32)
+
+    def q(self, i: int) -> candidates.Candidates:
+        """Row i's q rows [k, K] (for a dense redo)."""
+        return candidates.Candidates(mx.stack(self.ids, axis=1)[i],
+                                     mx.stack(self.probs, axis=1)[i],
+                                     mx.stack(self.exact, axis=1)[i])
 
 
 @dataclass
 class _Drafts:
     """Every row's drafts so far in one batched draft (``BatchDecoder._draft_mtp``)."""
 
-    keys: list[list]                # row b's key for each of its draft steps (None: greedy)
+    keys: list[mx.array | None]     # row b's keys [k, 2] for its draft steps (None: greedy)
     tokens: list[list[mx.array]]
     qs: list[list]                  # the q rows they were drawn from (none when argmax)
     host: list[list[int]]           # a constrained row's drafts on the host (for its masks)
@@ -272,7 +302,11 @@ class BatchDecoder:
         fast = [self._greedy(st) for st in self.active]
         if any(fast):
             c.target = mx.argmax(c.ver.logits, axis=-1).astype(mx.int32)
-        verdicts = [None if f else self._accept(b, c) for b, f in enumerate(fast)]
+        grouped = {b for g in c.groups for b in g.rows}
+        verdicts = [None if f or b in grouped else self._accept(b, c)
+                    for b, f in enumerate(fast)]
+        for g in c.groups:
+            self._accept_group(g, c)
         t_accept = time.perf_counter()
         results = self._sync(c, verdicts)
         t_sync = time.perf_counter()
@@ -381,9 +415,10 @@ class BatchDecoder:
     def _draft_mtp(self, ks: list[int], c: _Cycle) -> list[Proposal | None]:
         """The MTP head drafts for every row at once: ``max(ks)`` head forwards over [B, ·];
         row b samples its first ``ks[b]`` drafts exactly as ``MTPDrafter`` would. Sets
-        ``c.grid`` [B, max k]: each step's tokens (a row past its depth carries filler)."""
+        ``c.grid`` [B, max k]: each step's tokens (a row past its depth carries filler), and
+        ``c.groups`` (rows drawn together; their proposals are None: see ``_Group``)."""
         rows = [st.row for st in self.active]
-        keys = [[None] * k if k == 0 or r.params.greedy else sampling.split_key(next(r.keys), k)
+        keys = [None if k == 0 or r.params.greedy else mx.random.split(next(r.keys), k)
                 for r, k in zip(rows, ks)]
         greedy = all(self._greedy(st) for st in self.active)
         drafts = _Drafts(keys=keys, tokens=[[] for _ in rows], qs=[[] for _ in rows],
@@ -395,46 +430,57 @@ class BatchDecoder:
             if greedy:  # argmax for every row at once (what MTPDrafter takes when greedy)
                 col = mx.argmax(logits, axis=-1).astype(mx.int32)
             else:
-                col = self._column(rows, ks, j, logits, drafts)
+                c.groups = self._groups(rows, ks, keys, logits) if j == 0 else c.groups
+                col = self._column(rows, ks, j, logits, drafts, c.groups)
             columns.append(col)
             if j + 1 < max(ks):
                 out = self.batch.mtp_next(out, col)
         c.grid = mx.stack(columns, axis=1)
+        grouped = {b for g in c.groups for b in g.rows}
         return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts.tokens[b]),
-                         q=stack_q(drafts.qs[b])) if k else None for b, k in enumerate(ks)]
+                         q=stack_q(drafts.qs[b])) if k and b not in grouped else None
+                for b, k in enumerate(ks)]
+
+    def _groups(self, rows: list[cycle.Row], ks: list[int], keys: list,
+                logits: mx.array) -> list[_Group]:
+        """The cycle's ``_Group``s of two rows or more."""
+        by: dict[tuple[SamplingParams, int], list[int]] = {}
+        for b, (r, k) in enumerate(zip(rows, ks)):
+            if k and r.constraint is None and r.reply.counts is None and \
+                    self._compact(r.params, logits):
+                by.setdefault((r.params, k), []).append(b)
+        return [_Group(params=p, k=k, rows=bs, draft_keys=mx.stack([keys[b] for b in bs]))
+                for (p, k), bs in by.items() if len(bs) > 1]
 
     def _column(self, rows: list[cycle.Row], ks: list[int], j: int, logits: mx.array,
-                drafts: _Drafts) -> mx.array:
-        """Draft step j of every row [B] (0 past a row's depth). Rows that share their
-        sampling parameters draw in one compiled call (``candidates.compiled_draft_rows``),
-        each with its own key, so each gets what ``pick_draft`` would give it alone."""
-        col = [mx.array(0, dtype=mx.int32)] * len(rows)
-        groups: dict[tuple[SamplingParams, bool], list[int]] = {}
+                drafts: _Drafts, groups: list[_Group]) -> mx.array:
+        """Draft step j of every row [B] (0 past a row's depth): each group in one call,
+        every other row as ``MTPDrafter`` draws it."""
+        grouped = {b for g in groups for b in g.rows}
+        idx, vals = [], []
         for b, (r, k) in enumerate(zip(rows, ks)):
-            if j < k and r.constraint is None and self._compact(r.params, logits):
-                groups.setdefault((r.params, r.reply.counts is not None), []).append(b)
-            elif j < k:
-                col[b] = self._pick(r, logits[b:b + 1], drafts, b, j)
-        for (params, penalised), bs in groups.items():
-            if len(bs) == 1:
-                col[bs[0]] = self._pick(rows[bs[0]], logits[bs[0]:bs[0] + 1], drafts, bs[0], j)
+            if j < k and b not in grouped:
+                idx.append(mx.array([b], dtype=mx.int32))
+                vals.append(self._pick(r, logits[b:b + 1], drafts, b, j)[None])
+        for g in groups:
+            if j >= g.k:
                 continue
-            args = [logits if len(bs) == len(rows) else
-                    mx.take(logits, mx.array(bs, dtype=mx.int32), axis=0),
-                    mx.stack([drafts.keys[b][j] for b in bs])]
-            if penalised:
-                args.append(mx.concatenate([draft_counts(rows[b].reply.counts,
-                                                         drafts.tokens[b]) for b in bs]))
-            tok, ids, probs, exact = candidates.compiled_draft_rows(params, penalised)(*args)
-            for i, b in enumerate(bs):
-                col[b] = tok[i]
-                drafts.tokens[b].append(tok[i])
-                drafts.qs[b].append(candidates.Candidates(ids[i:i + 1], probs[i:i + 1],
-                                                          exact[i:i + 1]))
-        return mx.stack(col)
+            whole = len(g.rows) == len(rows)
+            tok, ids, probs, exact = candidates.compiled_draft_rows(g.params, False)(
+                logits if whole else mx.take(logits, g.index, axis=0), g.draft_keys[:, j])
+            g.ids.append(ids)
+            g.probs.append(probs)
+            g.exact.append(exact)
+            if whole:
+                return tok
+            idx.append(g.index)
+            vals.append(tok)
+        col = mx.zeros((len(rows),), dtype=mx.int32)
+        return col.at[mx.concatenate(idx)].add(mx.concatenate(vals)) if idx else col
 
     def _compact(self, params: SamplingParams, logits: mx.array) -> bool:
-        """Whether ``pick_draft`` would draw with ``candidates.compiled_draft``."""
+        """Whether ``pick_draft`` would draw with ``candidates.compiled_draft`` (and
+        ``cycle.accept`` accept with ``compiled_accept``)."""
         return (self.draft_mode == "filtered" and not params.greedy
                 and candidates.applies(params, logits.shape[-1], logits.dtype))
 
@@ -445,7 +491,7 @@ class BatchDecoder:
         if r.constraint is not None:
             logits = grammar.masked(logits, r.constraint.allowed(drafts.host[b]))
         d, q = pick_draft(logits, r.params, draft_counts(r.reply.counts, drafts.tokens[b]),
-                          drafts.keys[b][j], self.draft_mode)
+                          None if drafts.keys[b] is None else drafts.keys[b][j], self.draft_mode)
         drafts.tokens[b].append(d)
         if q is not None:
             drafts.qs[b].append(q)
@@ -471,13 +517,27 @@ class BatchDecoder:
         ver = Verified(hidden=c.ver.hidden[b:b + 1, :k + 1], logits=logits, captures={})
         return cycle.accept(r, d, ver, key=key, dense=dense)
 
+    def _accept_group(self, g: _Group, c: _Cycle) -> None:
+        """The group's acceptance, one call for its rows (lazy), each with its next key."""
+        whole = len(g.rows) == len(self.active)
+        logits = c.ver.logits if whole else mx.take(c.ver.logits, g.index, axis=0)
+        grid = c.grid if whole else mx.take(c.grid, g.index, axis=0)
+        g.keys = mx.stack([next(self.active[b].row.keys) for b in g.rows])
+        g.verdict = candidates.compiled_accept_rows(g.params)(
+            logits[:, :g.k + 1] if logits.shape[1] > g.k + 1 else logits, grid[:, :g.k],
+            g.keys, mx.stack(g.ids, axis=1), mx.stack(g.probs, axis=1),
+            mx.stack(g.exact, axis=1))
+
     def _sync(self, c: _Cycle, verdicts: list[cycle.Verdict | None],
               ) -> list[tuple[int, int, list[int]]]:
         """The cycle's one host synchronisation, for every row: (accepted n, extra token,
-        drafted ids). Greedy rows (``verdicts[b]`` None) are judged here on the host from the
-        verify argmax, as ``sampling.accept_greedy`` does; a row whose compact acceptance tied
-        at the top-k boundary is redone densely (only then a second sync)."""
+        drafted ids). Greedy rows (``verdicts[b]`` None, not in a group) are judged here on
+        the host from the verify argmax, as ``sampling.accept_greedy`` does; a row whose
+        compact acceptance tied at the top-k boundary is redone densely (only then a second
+        sync)."""
         outs = [a for a in (c.target, c.grid) if a is not None]
+        for g in c.groups:
+            outs += list(g.verdict)
         for v, p in zip(verdicts, c.proposals):
             if v is not None:
                 outs += [v.n, v.extra] + ([v.exact] if v.exact is not None else []) + \
@@ -485,14 +545,23 @@ class BatchDecoder:
         mx.eval(outs)
         target = c.target.tolist() if c.target is not None else None
         grid = c.grid.tolist() if c.grid is not None else None
+        grouped = {b: (g, i, *(a.tolist() for a in g.verdict))
+                   for g in c.groups for i, b in enumerate(g.rows)}
         results = []
         for b, (v, p, k) in enumerate(zip(verdicts, c.proposals, c.ks)):
-            drafted = [] if p is None else grid[b][:k] if grid is not None else p.tokens.tolist()
-            if v is None:
+            drafted = grid[b][:k] if grid is not None else [] if p is None else p.tokens.tolist()
+            if b in grouped:
+                g, i, ns, extras, exact = grouped[b]
+                if exact[i]:
+                    results.append((ns[i], extras[i], drafted))
+                    continue
+                c.proposals[b] = Proposal(tokens=c.grid[b, :k], q=g.q(i))
+                v = self._accept(b, c, key=g.keys[i], dense=True)
+            elif v is None:
                 n = next((i for i, d in enumerate(drafted) if d != target[b][i]), k)
                 results.append((n, target[b][n], drafted))
                 continue
-            if v.exact is not None and not v.exact.item():
+            elif v.exact is not None and not v.exact.item():
                 v = self._accept(b, c, key=v.key, dense=True)
             results.append((int(v.n.item()), int(v.extra.item()), drafted))
         return results

@@ -391,6 +391,25 @@ def compiled_accept(params: SamplingParams, penalised: bool, onehot: bool):
     return mx.compile(lambda lg, d, k, qi, qp, qe: acc(lg, d, k, (qi, qp, qe)))
 
 
+@functools.lru_cache(maxsize=64)
+def compiled_accept_rows(params: SamplingParams):
+    """(logits [R, k+1, V], drafts [R, k], keys [R, 2], q ids, q probs [R, k, K], q exact
+    [R, k]) -> (n [R], extra [R], exact [R]): ``compiled_accept`` for R rows of one depth
+    k >= 1 that share ``params`` (no penalties), in one call; row i with ``keys[i]`` gets
+    exactly what it gets alone (tested). The target rows are built together."""
+    def acc(logits, drafts, keys, qi, qp, qe):
+        R, S, V = logits.shape
+        p = build(logits.reshape(R * S, V), params)
+        ns, extras = [], []
+        for i in range(R):
+            n, extra = accept_sampled(p.row(slice(i * S, (i + 1) * S)),
+                                      Candidates(qi[i], qp[i], qe[i]), drafts[i], keys[i])
+            ns.append(n)
+            extras.append(extra)
+        return mx.stack(ns), mx.stack(extras), mx.all(p.exact.reshape(R, S), axis=1)
+    return mx.compile(acc)
+
+
 def accept_compiled(logits: mx.array, params: SamplingParams, rows: mx.array | None,
                     q: Candidates | None, drafts: mx.array, key: mx.array) -> tuple:
     """``compiled_accept`` called with the right arguments -> (n, extra, all exact)."""

@@ -135,6 +135,46 @@ def test_seeded_sampling_is_identical_batched_and_alone(tiny_model):
         assert got[s.id] == ref, s.depth
 
 
+@pytest.mark.parametrize("force_redo", [False, True], ids=["compact", "dense redo"])
+def test_rows_drawing_together_give_each_stream_its_own_tokens(tiny_model, monkeypatch,
+                                                              force_redo):
+    """Rows that share parameters and depth draft and accept in one call per step
+    (``engine.batching._Group``), next to rows that cannot (penalties, another depth or
+    temperature): every seeded stream still gets exactly its tokens alone. With
+    ``force_redo`` every group row is judged inexact and redone densely with its key."""
+    from engine import candidates
+
+    shared = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+    params = [shared, shared, shared, shared, shared,
+              dataclasses.replace(shared, presence_penalty=0.4),
+              dataclasses.replace(shared, temperature=0.7), shared]
+    depths = [2, 2, 2, 3, 3, 2, 2, 0]
+    ps = prompts(8, seed=35)
+    if force_redo:  # alone too: a dense redo draws with the same key, but over all of V
+        rows, one = candidates.compiled_accept_rows, candidates.accept_compiled
+
+        def inexact(params):
+            f = rows(params)
+            return lambda *a: (*f(*a)[:2], mx.zeros((a[0].shape[0],), dtype=mx.bool_))
+        monkeypatch.setattr(candidates, "compiled_accept_rows", inexact)
+        monkeypatch.setattr(candidates, "accept_compiled",
+                            lambda *a: (*one(*a)[:2], mx.array(False)))
+    refs = [alone(tiny_model, p, depth=d, max_tokens=24, sampling=sp, seed=300 + i)
+            for i, (p, d, sp) in enumerate(zip(ps, depths, params))]
+    calls = []
+    real_rows = candidates.compiled_draft_rows
+    monkeypatch.setattr(candidates, "compiled_draft_rows",
+                        lambda *a: calls.append(a) or real_rows(*a))
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=8)
+    streams = [dec.add(p, depth=d, max_tokens=24, sampling=sp, seed=300 + i)
+               for i, (p, d, sp) in enumerate(zip(ps, depths, params))]
+    got = batched(dec, streams)
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref, s.depth
+    assert calls  # groups really formed
+
+
 def test_batched_depth2_sampling_follows_plain_distribution():
     """Pairs (t2, t3) sampled by 8-row batches at depth 2 (rows with their own seeds, next to
     greedy and depth-3 rows) fit the exact plain-decoding distribution."""

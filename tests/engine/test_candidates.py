@@ -346,3 +346,29 @@ def test_row_group_draft_equals_each_row_alone(params, vocab):
                 alone(x[i:i + 1], keys[i], counts[i:i + 1])
             for a, b in zip(got, ref):
                 assert np.array_equal(np.array(a[i:i + 1]), np.array(b).reshape(-1, *a.shape[1:]))
+
+
+@pytest.mark.parametrize("params", [p for p in COMPILED_PARAMS if p.presence_penalty == 0
+                                    and p.frequency_penalty == 0], ids=str)
+@pytest.mark.parametrize("vocab", [4096, QWEN_V])
+def test_row_group_acceptance_equals_each_row_alone(params, vocab):
+    """``compiled_accept_rows`` (a batch's rows of one depth and parameter set, one call)
+    gives each row the (n, extra, exact) ``accept_compiled`` gives it alone with its key,
+    bit for bit, whether its drafts are accepted or not (ties included)."""
+    rng = np.random.default_rng(vocab + 11)
+    for rows, k in ((2, 1), (3, 3), (5, 2)):
+        x = mx.array(np.stack([_logits(rng, max(k + 1, 4), vocab)[:k + 1] for _ in range(rows)]))
+        keys = [S.make_key(1000 + 10 * rows + i) for i in range(rows)]
+        qs = [C.Candidates.stack([C.build(x[i, j:j + 1] * 0.9, params) for j in range(k)])
+              for i in range(rows)]
+        drafts = mx.array(rng.integers(0, vocab, size=(rows, k)).astype(np.int32))
+        for i in range(rows):  # the first draft of some rows is one the target likes
+            if i % 2 == 0:
+                drafts[i, 0] = C.build(x[i, :1], params).ids[0, 0]
+        got = C.compiled_accept_rows(params)(
+            x, drafts, mx.stack(keys), mx.stack([q.ids for q in qs]),
+            mx.stack([q.probs for q in qs]), mx.stack([q.exact for q in qs]))
+        for i in range(rows):
+            ref = C.accept_compiled(x[i], params, None, qs[i], drafts[i], keys[i])
+            for a, b in zip(got, ref):
+                assert np.array_equal(np.array(a[i]), np.array(b))
