@@ -312,10 +312,11 @@ def test_speculative_cycle_times(tiny_model, profile):
         assert (c.t_sync == 0.0) if profile else (c.t_sync > 0.0)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("S", [2, 3, 5])
-def test_fused_gdn_capture_is_bit_identical(tiny_model, S):
-    """The compiled verify-forward GDN layer (one row, CPU) gives the uncompiled layer's
-    output and every captured conv window and recurrent state bit for bit."""
+def test_fused_gdn_capture_is_bit_identical(tiny_model, S, rows):
+    """The compiled verify-forward GDN layer (CPU; one row or a batch's) gives the uncompiled
+    layer's output and every captured conv window and recurrent state bit for bit."""
     from engine import trunk
 
     s = Session.fresh(tiny_model, use_mtp=True)
@@ -324,7 +325,11 @@ def test_fused_gdn_capture_is_bit_identical(tiny_model, S):
                  type(c).__name__ == "ArraysCache")
     gdn = tiny_model.text_model.model.layers[layer].linear_attn
     c = s.trunk_cache[layer]
-    x = mx.random.normal((1, S, tiny_model.text_model.args.hidden_size), key=mx.random.key(S))
+    x = mx.random.normal((rows, S, tiny_model.text_model.args.hidden_size),
+                         key=mx.random.key(S))
+    if rows > 1:  # a batch's rows: each its own state
+        c = [mx.concatenate([c[0] * (1 + i) for i in range(rows)]),
+             mx.concatenate([c[1] * (1 - 0.1 * i) for i in range(rows)])]
     ref_cache, got_cache = [c[0], c[1]], [c[0], c[1]]
     ref, ref_cap = trunk._gdn_capture(gdn, x, ref_cache)
     got, got_cap = trunk._gdn_capture_fused(gdn, x, got_cache)
