@@ -15,6 +15,8 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
+from engine.trunk import mlp_block
+
 # Norm weights that checkpoints store zero-centred (scale = 1 + w).
 MTP_NORM_SUFFIXES = (
     "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "mtp.norm.weight",
@@ -37,13 +39,25 @@ class MTPHead(nn.Module):
 
     def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list[KVCache]) -> mx.array:
         """hidden, token_embeds: [B, S, H] -> normed MTP hidden [B, S, H]."""
-        z = mx.concatenate(
-            [self.pre_fc_norm_embedding(token_embeds), self.pre_fc_norm_hidden(hidden)], axis=-1)
-        z = self.fc(z)
+        z = self._fc(hidden, token_embeds)
         mask = create_attention_mask(z, cache[0])
-        for layer, c in zip(self.layers, cache):
-            z = layer(z, mask=mask, cache=c)
+        for layer, c in zip(self.layers, cache):  # mlx-lm's DecoderLayer, MLP half compiled
+            z = mlp_block(layer, z + layer.self_attn(layer.input_layernorm(z), mask, c))
         return self.norm(z)
+
+    def _fc(self, hidden: mx.array, token_embeds: mx.array) -> mx.array:
+        """The two norms, the concatenation and ``fc``: one ``mx.compile``d function on the
+        CPU (the same operations: bit-identical, tested; its weights are compile inputs)."""
+        def fc(hidden, token_embeds):
+            return self.fc(mx.concatenate([self.pre_fc_norm_embedding(token_embeds),
+                                           self.pre_fc_norm_hidden(hidden)], axis=-1))
+        if mx.default_device() != mx.cpu:
+            return fc(hidden, token_embeds)
+        fn = self.__dict__.get("_mtpchat_fc")
+        if fn is None:
+            fn = self.__dict__["_mtpchat_fc"] = mx.compile(fc, inputs=[
+                self.fc.state, self.pre_fc_norm_embedding.state, self.pre_fc_norm_hidden.state])
+        return fn(hidden, token_embeds)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]

@@ -228,8 +228,8 @@ class Session:
         read) and return the next logits [1, V]. Plain steps keep no trunk hiddens, so the
         MTP cache stops being in step with the trunk (``mtp_ok`` turns False)."""
         self.mtp_ok = False
-        out = self.model.trunk(x.reshape(1, 1), cache=self.trunk_cache)
-        self.last_logits = out[:, -1]
+        h, _ = forward_hidden(self.model.text_model, x.reshape(1, 1), self.trunk_cache)
+        self.last_logits = lm_head(self.model.text_model, h)[:, -1]
         return self.last_logits
 
     def mark(self) -> tuple:

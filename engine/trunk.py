@@ -139,26 +139,48 @@ def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
     return res[0], capture
 
 
+def mlp_block(layer, h: mx.array) -> mx.array:
+    """A decoder layer's second half, ``h + mlp(post_attention_layernorm(h))``, as one
+    ``mx.compile``d function per layer on the CPU for a dense MLP (the same operations:
+    bit-identical to mlx-lm's layer, tested; MoE blocks run as they are). Its weights are
+    compile inputs, like ``_gdn_capture_fused``'s."""
+    if mx.default_device() != mx.cpu or not hasattr(layer.mlp, "gate_proj"):
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+    fn = layer.__dict__.get("_mtpchat_mlp")
+    if fn is None:
+        fn = layer.__dict__["_mtpchat_mlp"] = mx.compile(
+            lambda h: h + layer.mlp(layer.post_attention_layernorm(h)),
+            inputs=[layer.mlp.state, layer.post_attention_layernorm.state])
+    return fn(h)
+
+
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
                    ) -> tuple[mx.array, dict[int, GDNCapture]]:
     """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
 
     With ``capture`` the GDN layers record their per-step states (keyed by layer index);
-    the attention layers append to their KV caches as usual (trimmed by the caller).
+    the attention layers append to their KV caches as usual (trimmed by the caller). With
+    ``capture`` or one token per row (a decode step), each layer runs as mlx-lm's decoder
+    layer does but with its GDN part and its MLP half compiled (``_gdn_capture_fused``,
+    ``mlp_block``); a prefill chunk runs mlx-lm's layers unchanged.
     """
     inner = text_model.model
     x = inner.embed_tokens(inputs)
     fa_mask = create_attention_mask(x, cache[inner.fa_idx])
     ssm_mask = create_ssm_mask(x, cache[inner.ssm_idx])
+    fused = capture or inputs.shape[1] == 1
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-        if layer.is_linear and capture:
-            r, captures[i] = _gdn_capture_fused(layer.linear_attn, layer.input_layernorm(x),
-                                                c)
-            h = x + r
-            x = h + layer.mlp(layer.post_attention_layernorm(h))
-        else:
+        if not fused or (layer.is_linear and ssm_mask is not None and not capture):
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
+            continue
+        if layer.is_linear:
+            r, cap = _gdn_capture_fused(layer.linear_attn, layer.input_layernorm(x), c)
+            if capture:
+                captures[i] = cap
+        else:
+            r = layer.self_attn(layer.input_layernorm(x), fa_mask, c)
+        x = mlp_block(layer, x + r)
     return inner.norm(x), captures
 
 

@@ -360,3 +360,79 @@ def test_fused_gdn_capture_sees_new_weights(tiny_model):
         gdn.out_proj.weight = old
     assert np.array_equal(np.array(after), np.array(ref))
     assert not np.array_equal(np.array(after), np.array(before))
+
+
+@pytest.mark.parametrize("which", ["dense", "moe", "dense-bf16"])
+def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_factory):
+    """A depth-0 step (``Session.step_plain``: compiled GDN and MLP halves) gives the logits
+    and caches mlx-lm's own model call gives, bit for bit, step after step."""
+    from engine.model import load
+    from tests.tinymodels import build_tiny_model
+
+    model = tiny_model if which == "dense" else load(
+        build_tiny_model(tmp_path_factory.mktemp("moe") / "m", seed=5, moe=True)) \
+        if which == "moe" else load(tiny_model.info.path, dtype="bfloat16")
+    ours, ref = Session.fresh(model, use_mtp=False), Session.fresh(model, use_mtp=False)
+    for s in (ours, ref):
+        s.prefill(list(range(3, 30)))
+    tok = 5
+    for _ in range(6):
+        got = ours.step_plain(mx.array([tok]))
+        want = model.trunk(mx.array([[tok]]), cache=ref.trunk_cache)[:, -1]
+        assert got.dtype == want.dtype
+        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+        tok = int(mx.argmax(want).item())
+    from mlx.utils import tree_flatten
+
+    mine = tree_flatten([c.state for c in ours.trunk_cache])
+    theirs = tree_flatten([c.state for c in ref.trunk_cache])
+    assert len(mine) == len(theirs) > 0
+    for (_, x), (_, y) in zip(mine, theirs):
+        if not isinstance(x, mx.array):
+            assert x == y
+            continue
+        assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+
+
+def test_compiled_mlp_half_sees_new_weights(tiny_model):
+    """Weights changed in place after a layer's MLP half was compiled are the ones it uses."""
+    from engine import trunk
+
+    layer = tiny_model.text_model.model.layers[0]
+    h = mx.random.normal((1, 2, tiny_model.text_model.args.hidden_size), key=mx.random.key(2))
+    before = trunk.mlp_block(layer, h)
+    old = layer.mlp.down_proj.weight
+    try:
+        layer.mlp.down_proj.weight = old * 2
+        after = trunk.mlp_block(layer, h)
+        ref = h + layer.mlp(layer.post_attention_layernorm(h))
+    finally:
+        layer.mlp.down_proj.weight = old
+    assert layer.__dict__.get("_mtpchat_mlp") is not None, "the compiled path did not run"
+    assert np.array_equal(np.array(after), np.array(ref))
+    assert not np.array_equal(np.array(after), np.array(before))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_mtp_head_is_bit_identical(tiny_model, dtype):
+    """The MTP head with its input half and MLP half compiled gives what mlx-lm's decoder
+    layer on the uncompiled ``fc`` gives, bit for bit, call after call (its KV cache growing)."""
+    from mlx_lm.models.base import create_attention_mask
+
+    from engine.model import load
+
+    model = tiny_model if dtype == "float32" else load(tiny_model.info.path, dtype=dtype)
+    head, H = model.mtp, model.text_model.args.hidden_size
+    ours, ref = head.make_cache(), head.make_cache()
+    for S, seed in ((3, 1), (1, 2), (2, 3)):
+        h = mx.random.normal((1, S, H), key=mx.random.key(seed)).astype(head.fc.weight.dtype)
+        e = mx.random.normal((1, S, H), key=mx.random.key(seed + 9)).astype(h.dtype)
+        got = head(h, e, ours)
+        z = head.fc(mx.concatenate([head.pre_fc_norm_embedding(e), head.pre_fc_norm_hidden(h)],
+                                   axis=-1))
+        mask = create_attention_mask(z, ref[0])
+        for layer, c in zip(head.layers, ref):
+            z = layer(z, mask=mask, cache=c)
+        want = head.norm(z)
+        assert head.__dict__.get("_mtpchat_fc") is not None
+        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
