@@ -10,8 +10,9 @@ strings, depth (fixed or auto, with its own ``AdaptiveDepth``), budget and cance
 2. one batched cycle of ``engine.cycle``'s four steps over every joined row: the MTP head
    drafts for all rows at once (one head forward per draft step), ONE trunk forward verifies
    all rows' [x0, d1..dk] (shallower rows padded), acceptance runs per row with the row's own
-   parameters and random keys (``cycle.accept``), ONE host synchronisation reads every row's
-   result, and each row commits its own accepted length (``Batch.commit``).
+   parameters and random keys (``cycle.accept``; rows that share parameters and depth draw
+   and accept in one compiled call each, ``_Group``), ONE host synchronisation reads every
+   row's result, and each row commits its own accepted length (``Batch.commit``).
 
 Exactness per stream: a row's drafts and acceptance use the same functions, the same keys in
 the same order and the same logits (up to float rounding of the batched matmuls) as it would
