@@ -99,6 +99,11 @@ class _Cycle:
     t_verify: float = 0.0
     groups: list[_Group] = field(default_factory=list)
 
+    @property
+    def grouped(self) -> set[int]:
+        """The rows that draft and accept in a ``_Group``."""
+        return {b for g in self.groups for b in g.rows}
+
 
 @dataclass
 class _Group:
@@ -303,7 +308,7 @@ class BatchDecoder:
         fast = [self._greedy(st) for st in self.active]
         if any(fast):
             c.target = mx.argmax(c.ver.logits, axis=-1).astype(mx.int32)
-        grouped = {b for g in c.groups for b in g.rows}
+        grouped = c.grouped
         verdicts = [None if f or b in grouped else self._accept(b, c)
                     for b, f in enumerate(fast)]
         for g in c.groups:
@@ -432,12 +437,12 @@ class BatchDecoder:
                 col = mx.argmax(logits, axis=-1).astype(mx.int32)
             else:
                 c.groups = self._groups(rows, ks, keys, logits) if j == 0 else c.groups
-                col = self._column(rows, ks, j, logits, drafts, c.groups)
+                col = self._column(rows, ks, j, logits, drafts, c)
             columns.append(col)
             if j + 1 < max(ks):
                 out = self.batch.mtp_next(out, col)
         c.grid = mx.stack(columns, axis=1)
-        grouped = {b for g in c.groups for b in g.rows}
+        grouped = c.grouped
         return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts.tokens[b]),
                          q=stack_q(drafts.qs[b])) if k and b not in grouped else None
                 for b, k in enumerate(ks)]
@@ -454,20 +459,20 @@ class BatchDecoder:
                 for (p, k), bs in by.items() if len(bs) > 1]
 
     def _column(self, rows: list[cycle.Row], ks: list[int], j: int, logits: mx.array,
-                drafts: _Drafts, groups: list[_Group]) -> mx.array:
-        """Draft step j of every row [B] (0 past a row's depth): each group in one call,
-        every other row as ``MTPDrafter`` draws it."""
-        grouped = {b for g in groups for b in g.rows}
+                drafts: _Drafts, c: _Cycle) -> mx.array:
+        """Draft step j of every row [B] (0 past a row's depth): each of ``c.groups`` in one
+        call, every other row as ``MTPDrafter`` draws it."""
+        grouped = c.grouped
         idx, vals = [], []
         for b, (r, k) in enumerate(zip(rows, ks)):
             if j < k and b not in grouped:
                 idx.append(mx.array([b], dtype=mx.int32))
                 vals.append(self._pick(r, logits[b:b + 1], drafts, b, j)[None])
-        for g in groups:
+        for g in c.groups:
             if j >= g.k:
                 continue
             whole = len(g.rows) == len(rows)
-            tok, ids, probs, exact = candidates.compiled_draft_rows(g.params, False)(
+            tok, ids, probs, exact = candidates.compiled_draft_rows(g.params)(
                 logits if whole else mx.take(logits, g.index, axis=0), g.draft_keys[:, j])
             g.ids.append(ids)
             g.probs.append(probs)

@@ -364,14 +364,14 @@ def compiled_draft(params: SamplingParams, penalised: bool):
 
 
 @functools.lru_cache(maxsize=64)
-def compiled_draft_rows(params: SamplingParams, penalised: bool):
-    """(logits [R, V], keys [R, 2][, counts [R, V]]) -> (tokens [R], ids, probs, exact):
-    ``compiled_draft`` for R rows that share ``params`` in one call; row i draws with
-    ``keys[i]`` exactly what ``compiled_draft`` draws from ``logits[i:i + 1]`` (tested)."""
-    def draw(logits, keys, counts=None):
-        c = build(logits, params, counts)
+def compiled_draft_rows(params: SamplingParams):
+    """(logits [R, V], keys [R, 2]) -> (tokens [R], ids, probs, exact): ``compiled_draft``
+    for R rows that share ``params`` (no penalties) in one call; row i draws with ``keys[i]``
+    exactly what ``compiled_draft`` draws from ``logits[i:i + 1]`` (tested)."""
+    def draw(logits, keys):
+        c = build(logits, params)
         return sample_each(c, keys), c.ids, c.probs, c.exact
-    return mx.compile(draw if penalised else (lambda logits, keys: draw(logits, keys)))
+    return mx.compile(draw)
 
 
 @functools.lru_cache(maxsize=64)

@@ -15,7 +15,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
-from engine.trunk import mlp_block
+from engine.trunk import compiled_on, mlp_block
 
 # Norm weights that checkpoints store zero-centred (scale = 1 + w).
 MTP_NORM_SUFFIXES = (
@@ -53,11 +53,9 @@ class MTPHead(nn.Module):
                                            self.pre_fc_norm_hidden(hidden)], axis=-1))
         if mx.default_device() != mx.cpu:
             return fc(hidden, token_embeds)
-        fn = self.__dict__.get("_mtpchat_fc")
-        if fn is None:
-            fn = self.__dict__["_mtpchat_fc"] = mx.compile(fc, inputs=[
-                self.fc.state, self.pre_fc_norm_embedding.state, self.pre_fc_norm_hidden.state])
-        return fn(hidden, token_embeds)
+        return compiled_on(self, "_mtpchat_fc", fc, [
+            self.fc.state, self.pre_fc_norm_embedding.state, self.pre_fc_norm_hidden.state,
+        ])(hidden, token_embeds)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]

@@ -139,19 +139,26 @@ def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
     return res[0], capture
 
 
+def compiled_on(module, name: str, fn, inputs):
+    """``mx.compile(fn, inputs=inputs)``, made once and kept on ``module`` under ``name`` (so it
+    goes with the model). ``inputs`` are the module's weights: compile inputs, not constants,
+    so weights changed in place are the ones used."""
+    got = module.__dict__.get(name)
+    if got is None:
+        got = module.__dict__[name] = mx.compile(fn, inputs=inputs)
+    return got
+
+
 def mlp_block(layer, h: mx.array) -> mx.array:
     """A decoder layer's second half, ``h + mlp(post_attention_layernorm(h))``, as one
     ``mx.compile``d function per layer on the CPU for a dense MLP (the same operations:
-    bit-identical to mlx-lm's layer, tested; MoE blocks run as they are). Its weights are
-    compile inputs, like ``_gdn_capture_fused``'s."""
-    if mx.default_device() != mx.cpu or not hasattr(layer.mlp, "gate_proj"):
+    bit-identical to mlx-lm's layer, tested; MoE blocks run as they are)."""
+    def half(h):
         return h + layer.mlp(layer.post_attention_layernorm(h))
-    fn = layer.__dict__.get("_mtpchat_mlp")
-    if fn is None:
-        fn = layer.__dict__["_mtpchat_mlp"] = mx.compile(
-            lambda h: h + layer.mlp(layer.post_attention_layernorm(h)),
-            inputs=[layer.mlp.state, layer.post_attention_layernorm.state])
-    return fn(h)
+    if mx.default_device() != mx.cpu or not hasattr(layer.mlp, "gate_proj"):
+        return half(h)
+    return compiled_on(layer, "_mtpchat_mlp", half,
+                       [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
 
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
