@@ -389,12 +389,20 @@ class AdaptiveDepth:
         self._credit -= 1.0
         return options[0] if len(options) == 1 else self._rng.choice(options)
 
-    def observe(self, stats: CycleStats) -> None:
-        """Learn from a finished cycle (its drafted length, accepted count and time)."""
+    def observe(self, stats: CycleStats, *, timed: bool = True) -> None:
+        """Learn from a finished cycle (its drafted length, accepted count and time).
+        ``timed=False``: one row of a batched cycle; its acceptance only (the batch gives the
+        cycle's time once, ``observe_time``)."""
         k = min(len(stats.drafted), self.max_depth)
         self._acc.observe(min(stats.accepted + 1, k), stats.accepted)  # positions judged
-        if stats.t_total > 0 and math.isfinite(stats.t_total):
-            self._cost.observe(k, stats.t_total)
+        if timed:
+            self.observe_time(k, stats.t_total)
+
+    def observe_time(self, depth: int, seconds: float) -> None:
+        """A finished cycle that drafted ``depth`` tokens (a batch: its deepest row) took
+        ``seconds``."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._cost.observe(min(depth, self.max_depth), seconds)
         self._cycles += 1
         self._since_request += 1
 

@@ -121,11 +121,14 @@ class Batch:
         self.last_hidden = None if not keep else \
             mx.take(self.last_hidden, mx.array(keep, dtype=mx.int32), axis=0)
 
-    def extract(self, b: int) -> Session:
-        """Row b as a stand-alone ``Session`` (copies; the batch is unchanged)."""
+    def extract(self, b: int, mark: list | None = None) -> Session:
+        """Row b as a stand-alone ``Session`` (copies; the batch is unchanged); with ``mark``
+        (``mark()``), its trunk state as it was then (plain verifies since not committed)."""
         s = Session.fresh(self.model, use_mtp=self.use_mtp)
-        s.trunk_cache = [c.extract(b) if isinstance(c, RowKVCache) else
-                         rowcache.extract_arrays(c, b) for c in self.trunk_cache]
+        mark = mark or [None] * len(self.trunk_cache)
+        s.trunk_cache = [(c.extract(b, None if m is None else m[b]) if isinstance(c, RowKVCache)
+                          else rowcache.extract_arrays(c if m is None else m, b))
+                         for c, m in zip(self.trunk_cache, mark)]
         if self.use_mtp:
             s.mtp_cache = [c.extract(b) for c in self.mtp_cache]
             s.mtp_rows = self.mtp_cache[0].lengths[b]
@@ -184,6 +187,29 @@ class Batch:
         tm = self.model.text_model
         h, caps = forward_hidden(tm, inputs, self.trunk_cache, capture=inputs.shape[1] > 1)
         return BatchVerified(hidden=h, logits=lm_head(tm, h), captures=caps)
+
+    def mark(self) -> list:
+        """The trunk state before a plain verify (each attention cache's row lengths, each GDN
+        cache's arrays: references, no copies), for ``rewind``."""
+        return [list(c.lengths) if isinstance(c, RowKVCache) else list(c.cache)
+                for c in self.trunk_cache]
+
+    @staticmethod
+    def take_mark(mark: list, rows: list[int]) -> list:
+        """``mark`` for ``rows`` only (in that order), as ``leave`` keeps them."""
+        idx = mx.array(rows, dtype=mx.int32)
+        return [[m[b] for b in rows] if not m or isinstance(m[0], int) else
+                [mx.take(a, idx, axis=0) for a in m] for m in mark]
+
+    def rewind(self, mark: list) -> None:
+        """Undo the plain verifies since ``mark`` for every row (none was committed): the
+        positions they wrote lie past each row's length again and its GDN state is the old
+        one. The head's cache and ``last_hidden`` are untouched by a plain verify."""
+        for c, m in zip(self.trunk_cache, mark):
+            if isinstance(c, RowKVCache):
+                c.lengths = list(m)
+            else:
+                c.cache = list(m)
 
     def commit(self, inputs: list[list[int]], keeps: list[int], ver: BatchVerified, *,
                drafted: bool) -> None:

@@ -21,6 +21,14 @@ next key split k ways, acceptance the next; a depth-0 stream samples each token 
 ``decode.run_plain`` (one key per token). So a seeded stream gives the same tokens batched or
 alone, and greedy streams equal their single-stream output.
 
+A batch whose rows all decode plainly (fixed depth 0, no penalties, no grammar: a model
+without an MTP head, or clients asking for depth 0) is pipelined as ``decode.run_plain`` is:
+each step is queued on the previous step's lazy tokens before those are read, so building the
+next graph overlaps the current one's compute (a lone depth-0 request through the batch ran at
+0.87x ``Model.generate`` without it). A row that finishes or is cancelled leaves the queued step
+(the prompt cache gets its state from before it); the step is rewound (``Batch.rewind``; each
+row's key kept for the redo) when a stream joins or a row's compact draw tied.
+
 A structured-output stream (``constraint``) speculates too: its drafts are drawn under the
 grammar's mask, which needs its previous drafts on the host, so a cycle with such a row reads
 each draft step's tokens back before the next (one host wait per draft step, for that cycle
@@ -135,6 +143,29 @@ class _Group:
 
 
 @dataclass
+class _PlainStep:
+    """A queued step of a batch whose rows all decode plainly (``BatchDecoder._pipelined``):
+    its verify over [B, 1], each row's token (lazy, [B]), the key each row drew it with (None:
+    greedy), the compact sampler's ``exact`` flags, and the trunk state before it
+    (``Batch.mark``) to rewind to when it will not be used as queued."""
+
+    ver: BatchVerified
+    y: mx.array
+    keys: list
+    exact: list
+    mark: list
+
+    def rows(self, keep: list[int]) -> "_PlainStep":
+        """The step for rows ``keep`` only (the others left the batch)."""
+        idx = mx.array(keep, dtype=mx.int32)
+        ver = BatchVerified(hidden=mx.take(self.ver.hidden, idx, axis=0),
+                            logits=mx.take(self.ver.logits, idx, axis=0), captures={})
+        return _PlainStep(ver=ver, y=mx.take(self.y, idx), keys=[self.keys[b] for b in keep],
+                          exact=[self.exact[b] for b in keep],
+                          mark=Batch.take_mark(self.mark, keep))
+
+
+@dataclass
 class _Drafts:
     """Every row's drafts so far in one batched draft (``BatchDecoder._draft_mtp``)."""
 
@@ -159,6 +190,9 @@ class BatchDecoder:
         self.joining: Stream | None = None
         self.active: list[Stream] = []   # the batch's rows, in row order
         self.cycles = 0
+        self._ahead: _PlainStep | None = None  # the next plain step, already queued
+        self._carry: dict[str, mx.array] = {}  # keys of a rewound plain step, by stream id
+        self._t_last = 0.0  # when the last plain cycle ended
 
     @property
     def busy(self) -> bool:
@@ -200,7 +234,10 @@ class BatchDecoder:
         size (acceptance pooled over them, cycle time of the whole batch). The one for a lone
         stream is the model's own (``Model.depth_controller``, shared with ``Model.generate``,
         so what it learnt carries over); the others live on the model too
-        (``Model.batch_controllers``), seeded with its acceptance (a batch's costs differ)."""
+        (``Model.batch_controllers``). A new one starts from what the controller of the
+        nearest batch size learnt (acceptance, cycle costs, depth), so it needs no warm-up:
+        as streams finish, a batch passes through every size below its largest, and warming
+        up each one visited every depth in turn."""
         model = self.model
         max_d = min(model.info.max_depth or 3, decode.AUTO_MAX_DEPTH)
         if rows == 1:
@@ -209,8 +246,11 @@ class BatchDecoder:
             return model.depth_controller
         c = model.batch_controllers.get(rows)
         if c is None or c.max_depth != max_d:
-            seed = model.depth_controller.state() if model.depth_controller else None
-            c = AdaptiveDepth(max_d, initial={"acceptance": (seed or {}).get("acceptance")})
+            known = {n: k for n, k in model.batch_controllers.items() if k.max_depth == max_d}
+            if model.depth_controller is not None and model.depth_controller.max_depth == max_d:
+                known[1] = model.depth_controller
+            near = min(known, key=lambda n: (abs(n - rows), n), default=None)
+            c = AdaptiveDepth(max_d, initial=known[near].state() if near else None)
             model.batch_controllers[rows] = c
         return c
 
@@ -252,7 +292,9 @@ class BatchDecoder:
     def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
         """``st`` is done with ``ev``; its final state goes to the prompt cache."""
         st.finished = True
-        session = st.session if row is None else self.batch.extract(row)
+        self._carry.pop(st.id, None)
+        ahead = None if self._ahead is None else self._ahead.mark  # its state before that
+        session = st.session if row is None else self.batch.extract(row, ahead)
         if row is not None:  # the same conversation: its snapshots replace each other
             session.lineage = st.lineage
         if session is not None and st.after_prompt is not None:
@@ -261,9 +303,13 @@ class BatchDecoder:
         return st, ev
 
     def _leave(self, rows: list[int]) -> None:
+        """Remove ``rows``; a queued plain step goes on for the others."""
         if rows:
             self.batch.leave(rows)
-            self.active = [st for b, st in enumerate(self.active) if b not in set(rows)]
+            keep = [b for b in range(len(self.active)) if b not in set(rows)]
+            self.active = [self.active[b] for b in keep]
+            if self._ahead is not None:
+                self._ahead = self._ahead.rows(keep) if keep else None
 
     # -- joining: chunked prefill, first token ----------------------------------------------------
     def _prefill_step(self) -> list[tuple[Stream, Event]]:
@@ -293,6 +339,7 @@ class BatchDecoder:
         if ev.finish_reason is not None:
             return self._end(st, ev)
         st.x0, st.lineage = x0, s.lineage
+        self._settle()
         self.batch.join(s, track=st.depth != 0)
         st.session = st.prefill = None
         self.active.append(st)
@@ -304,6 +351,9 @@ class BatchDecoder:
 
     # -- the batched cycle ----------------------------------------------------------------------
     def _cycle(self) -> list[tuple[Stream, Event]]:
+        if self._pipelined():
+            return self._plain_cycle()
+        self._settle()
         c = self._launch()
         fast = [self._greedy(st) for st in self.active]
         if any(fast):
@@ -333,6 +383,84 @@ class BatchDecoder:
         self.cycles += 1
         return self._emit(c, results, cut, times)
 
+    # -- every row plain: pipelined like ``decode.run_plain`` --------------------------------
+    def _pipelined(self) -> bool:
+        """Every row decodes plainly with its token drawn on the device (fixed depth 0, no
+        penalties, no grammar): then each step is queued before the one before it is read,
+        as ``decode.run_plain`` does, instead of one cycle after another."""
+        return all(st.plain and st.row.constraint is None and st.reply.counts is None
+                   for st in self.active)
+
+    def _plain_cycle(self) -> list[tuple[Stream, Event]]:
+        """One token for every row: the step queued by the cycle before (else queued now),
+        the next step queued on its lazy tokens, then one read. A row that finishes or is
+        cancelled leaves the queued step (its state before it goes to the prompt cache); the
+        step is rewound (``_settle``) when a stream joins or a row's compact draw tied at the
+        top-k boundary and is redrawn densely (its token changes)."""
+        t0 = time.perf_counter()
+        cur, self._ahead = self._ahead, None
+        start = t0 if cur is None else self._t_last  # a queued step ran since the last read
+        if cur is None:
+            cur = self._queue_plain(mx.array([st.x0 for st in self.active], dtype=mx.int32))
+        joins = bool(self.waiting) and len(self.active) < self.max_streams
+        if not joins and self.joining is None:
+            self._ahead = self._queue_plain(cur.y)
+        t_queued = time.perf_counter()
+        tokens = cur.y.tolist()
+        for b, exact in enumerate(cur.exact):
+            if exact is not None and not exact.item():
+                self._settle()
+                r = self.active[b].row
+                y, _ = decode._pick(cur.ver.logits[b, :1], r.params, None, cur.keys[b],
+                                    dense=True)
+                tokens[b] = int(y.item())
+        t_sync = time.perf_counter()
+        self.batch.commit([[st.x0] for st in self.active], [0] * len(tokens), cur.ver,
+                          drafted=False)  # what the step fed: each row's x0
+        cut = [st.reply.cut([t]) for st, t in zip(self.active, tokens)]
+        now = time.perf_counter()
+        n = len(self.active)
+        c = _Cycle(ks=[0] * n, reasons=["fixed"] * n, proposals=[None] * n)
+        times = dict(t_verify=t_queued - t0, t_sync=t_sync - t_queued, t_commit=now - t_sync,
+                     t_total=now - start)
+        self._t_last = now
+        self.cycles += 1
+        return self._emit(c, [(0, t, []) for t in tokens], cut, times)
+
+    def _queue_plain(self, x: mx.array) -> _PlainStep:
+        """Queue one plain step for every row on tokens ``x`` [B] (lazy or not): the verify
+        forward and each row's draw as ``decode.run_plain`` makes it (its next key, or the
+        one a rewound step drew)."""
+        mark = self.batch.mark()
+        ver = self.batch.verify(x.reshape(-1, 1))
+        logits = ver.logits[:, 0]
+        greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
+        ys, keys, exact = [], [], []
+        for b, st in enumerate(self.active):
+            r = st.row
+            key = None
+            if not r.params.greedy:
+                key = self._carry.pop(st.id, None)
+                key = next(r.keys) if key is None else key
+            y, e = (greedy[b:b + 1], None) if key is None else \
+                decode._pick(logits[b:b + 1], r.params, None, key)
+            ys.append(y.reshape(1).astype(mx.int32))
+            keys.append(key)
+            exact.append(e)
+        y = greedy if all(k is None for k in keys) else mx.concatenate(ys)
+        mx.async_eval([y] + [e for e in exact if e is not None])
+        return _PlainStep(ver=ver, y=y, keys=keys, exact=exact, mark=mark)
+
+    def _settle(self) -> None:
+        """Rewind the queued plain step, if any: each row's key is kept for its redo."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        self.batch.rewind(ahead.mark)
+        for st, key in zip(self.active, ahead.keys):
+            if key is not None:
+                self._carry[st.id] = key
+
     def _emit(self, c: _Cycle, results, cut, times: dict) -> list[tuple[Stream, Event]]:
         out, done = [], []
         for b, st in enumerate(self.active):
@@ -346,7 +474,7 @@ class BatchDecoder:
                 context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b],
                 batch_rows=len(self.active), **times)
             if c.controller is not None and st.depth == "auto":
-                c.controller.observe(stats)
+                c.controller.observe(stats, timed=False)  # each auto row's acceptance
             ev = st.reply.emit(tokens, reason, stats=stats)
             st.x0 = extra
             if ev.finish_reason is not None:
@@ -354,6 +482,8 @@ class BatchDecoder:
                 done.append(b)
             else:
                 out.append((st, ev))
+        if c.controller is not None:  # the cycle's time, once, at the depth it was padded to
+            c.controller.observe_time(max(c.ks), times["t_total"])
         self._leave(done)
         return out
 

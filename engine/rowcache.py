@@ -128,9 +128,10 @@ class RowKVCache:
         self.keys = mx.take(self.keys, idx, axis=0)[..., :cap, :]
         self.values = mx.take(self.values, idx, axis=0)[..., :cap, :]
 
-    def extract(self, b: int) -> KVCache:
-        """Row b as a stand-alone mlx-lm ``KVCache`` (a copy)."""
-        n = self.lengths[b]
+    def extract(self, b: int, n: int | None = None) -> KVCache:
+        """Row b (its first ``n`` positions; default all) as a stand-alone mlx-lm
+        ``KVCache`` (a copy)."""
+        n = self.lengths[b] if n is None else n
         c = KVCache()
         k = mx.contiguous(self.keys[b:b + 1, :, :n, :])
         v = mx.contiguous(self.values[b:b + 1, :, :n, :])
@@ -160,7 +161,9 @@ def take_arrays(batch: ArraysCache, rows: list[int]) -> None:
     batch.cache = [mx.take(a, idx, axis=0) for a in batch.cache]
 
 
-def extract_arrays(batch: ArraysCache, b: int) -> ArraysCache:
-    out = ArraysCache(len(batch.cache))
-    out.cache = [mx.contiguous(a[b:b + 1]) for a in batch.cache]
+def extract_arrays(batch: ArraysCache | list, b: int) -> ArraysCache:
+    """Row b of a batch's GDN state (its ``ArraysCache``, or that cache's list of arrays)."""
+    arrays = batch if isinstance(batch, list) else batch.cache
+    out = ArraysCache(len(arrays))
+    out.cache = [mx.contiguous(a[b:b + 1]) for a in arrays]
     return out

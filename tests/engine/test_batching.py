@@ -364,3 +364,103 @@ def test_structured_streams_speculate_in_a_batch_as_alone(demo_model, params):
             doc = json.loads(demo_model.tokenizer.decode([t for t in got[s.id] if t not in eos]))
             assert set(doc) == {"ok", "n"}
             assert drafted[s.id] > 0  # it speculated
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "tied"])
+def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
+    """A batch whose rows all decode plainly queues each step before reading the one before
+    (``BatchDecoder._plain_cycle``). Streams finishing early, joining from a queue, joining
+    late and cancelled mid-batch each still get exactly their tokens alone; with ``tied``
+    about every third compact draw is judged tied and redrawn densely (the queued step is rewound and
+    re-queued with the same keys). Without a head (``use_mtp=False``) the state each stream
+    leaves behind is its reply's, so its next turn resumes from it: it must equal a fresh
+    decode, which it does not if the state kept included the step queued after it."""
+    from engine import decode
+
+    params = SamplingParams() if mode == "greedy" else \
+        SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+    if mode == "tied":
+        real = decode._pick
+
+        def tied(logits, params, counts, key, *, dense=False):  # about every third draw
+            y, exact = real(logits, params, counts, key, dense=dense)  # (by its key: the same
+            if exact is None or int(mx.sum(key).item()) % 3:          # draws alone)
+                return y, exact
+            return y, mx.zeros_like(exact)
+        monkeypatch.setattr(decode, "_pick", tied)
+    ps = prompts(6, seed=38)
+    budgets = [30, 7, 30, 18, 30, 25]
+    refs = [alone(tiny_model, p, depth=0, max_tokens=n, sampling=params, seed=400 + i)
+            for i, (p, n) in enumerate(zip(ps, budgets))]
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=3, use_mtp=False)
+    cancel = threading.Event()
+    streams = [dec.add(p, depth=0, max_tokens=n, sampling=params, seed=400 + i,
+                       cancel=cancel if i == 3 else None)
+               for i, (p, n) in enumerate(zip(ps[:5], budgets))]
+    got, ends, ahead, step = {s.id: [] for s in streams}, {}, 0, 0
+    while dec.busy:
+        if step == 4:  # joins late, between cycles
+            streams.append(dec.add(ps[5], depth=0, max_tokens=25, sampling=params, seed=405))
+            got[streams[-1].id] = []
+        if step == 9:
+            cancel.set()
+        for st, ev in dec.step():
+            got[st.id].extend(ev.token_ids)
+            ends[st.id] = ev.finish_reason or ends.get(st.id)
+        ahead += dec._ahead is not None
+        step += 1
+    assert ahead > 5  # steps really were queued ahead
+    assert ends[streams[3].id] == "cancelled"
+    assert got[streams[3].id] == refs[3][:len(got[streams[3].id])] != refs[3]
+    for i, s in enumerate(streams):
+        if i != 3:
+            assert got[s.id] == refs[i], (mode, i)
+    # the prompt cache keeps one conversation per row (3): the last three to finish, each
+    # with the state after its reply (its last token emitted, not fed)
+    ends_kept = {s.fed for s in tiny_model.prompt_cache.snapshots}
+    kept = [i for i in range(6) if tuple(ps[i] + got[streams[i].id][:-1]) in ends_kept]
+    assert len(kept) == 3 and 3 not in kept, kept
+    follow = [ps[i] + got[streams[i].id] + [5, 6] for i in kept]
+    other = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp,  # its own prompt cache
+                         tokenizer=tiny_model.tokenizer, info=tiny_model.info)
+    refs2 = [alone(other, f, depth=0, max_tokens=6) for f in follow]
+    nxt = [dec.add(f, depth=0, max_tokens=6) for f in follow]
+    reused = {}
+    while dec.busy:
+        for st, ev in dec.step():
+            if ev.prefill is not None:
+                reused[st.id] = ev.prefill.reused_tokens
+    for s, i, ref in zip(nxt, kept, refs2):
+        assert reused[s.id] == len(ps[i]) + len(got[streams[i].id]) - 1, (mode, i)
+        assert s.reply.generated == ref, (mode, i)
+
+
+def test_batch_controllers_time_each_cycle_once_and_start_from_a_neighbour(tiny_model):
+    """The auto rows of a batch share one controller per batch size: each auto row's
+    acceptance is observed, the cycle's time once (at the depth the cycle was padded to). A
+    batch size seen for the first time starts from the nearest size's learnt state, without
+    a warm-up."""
+    from engine.adaptive import AdaptiveDepth
+
+    m = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp, tokenizer=tiny_model.tokenizer,
+                     info=dataclasses.replace(tiny_model.info, eos_token_ids=()))
+    dec = BatchDecoder(m, max_streams=3)
+    for p, n in zip(prompts(3, seed=39), [20, 20, 5]):
+        dec.add(p, depth="auto", max_tokens=n)
+    rows: dict[int, int] = {}  # batch size -> auto row-cycles observed
+    while dec.busy:
+        for st, ev in dec.step():
+            if ev.stats is not None:
+                rows[ev.stats.batch_rows] = rows.get(ev.stats.batch_rows, 0) + 1
+    for n in (2, 3):
+        assert m.batch_controllers[n]._cycles == rows[n] // n, (n, rows)
+    seeded = AdaptiveDepth(m.batch_controllers[3].max_depth, initial={"cost": {0: 0.01, 1: 0.012, 2: 0.015},
+                                       "acceptance": [0.9, 0.7, 0.5], "depth": 2})
+    m.batch_controllers = {6: seeded}
+    m.depth_controller = None
+    fresh = BatchDecoder(m, max_streams=8)._controller(5)
+    assert fresh is m.batch_controllers[5] and fresh.warmup == 0
+    assert fresh.state()["acceptance"] == seeded.state()["acceptance"]
+    assert fresh.costs() == pytest.approx(seeded.costs())
+    assert fresh.choose()[0] == seeded.choose()[0]
