@@ -66,6 +66,7 @@ SHIFT_HALF_LIFE = 3.0  # a fast mean per position watches for a shift within a r
 SHIFT_Z = 2.0  # ...and when it strays this many standard errors from the reply's, that restarts
 ZERO_MARGIN = 2.0  # switching to or from depth 0 takes this x margin
 ZERO_EXPLORE = 0.1  # at depth 0 nothing is learnt about acceptance except by probing
+LINE_FLOOR = 0.4  # the fitted cost line at depth 0 is at least this x the cheapest timed cost
 
 
 def _decay(half_life: float) -> float:
@@ -280,7 +281,12 @@ def _fit(seen: list[tuple[int, float, float]]) -> tuple[float, float]:
         c0 = mt / (1 + COST_SLOPE_PRIOR * md)
         return c0, COST_SLOPE_PRIOR * c0
     c1 = max(0.0, sum(w * (d - md) * (t - mt) for d, t, w in seen) / var)
-    return mt - c1 * md, c1
+    c0 = mt - c1 * md
+    floor = LINE_FLOOR * min(t for _, t, _ in seen)
+    if c0 < floor:  # a steep line through deep depths only would cross zero before depth 0:
+        c0 = floor  # an untimed shallow depth would cost ~nothing and score without bound
+        c1 = max(0.0, (mt - c0) / md)
+    return c0, c1
 
 
 class AdaptiveDepth:

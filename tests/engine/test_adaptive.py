@@ -235,3 +235,18 @@ def test_model_declares_its_depth_controller_and_prompt_cache(tiny_model):
     list(tiny_model.generate([5, 6, 7], max_tokens=6, depth="auto"))
     assert tiny_model.depth_controller is ctrl
     assert not hasattr(tiny_model, "_adaptive_depth")
+
+
+def test_costs_stay_positive_when_the_line_would_cross_zero():
+    """Timed only at depths 3 and 4 with a steep slope, a straight line crosses zero before
+    depth 0; its cost must not come out as ~0 (depth 0 would score without bound) nor
+    poison the cost level for the other depths."""
+    ctrl = AdaptiveDepth(4, seed=0, warmup=0)
+    for _ in range(5):
+        ctrl.observe(cycle_stats(3, 0, 0.010))
+        ctrl.observe(cycle_stats(4, 0, 0.030))
+    costs = ctrl.costs()
+    assert costs[3] == pytest.approx(0.010, rel=0.05) and costs[4] == pytest.approx(0.030, rel=0.05)
+    assert all(0.004 <= c <= 0.031 for c in costs), costs
+    ctrl.observe(cycle_stats(0, 0, 0.008))  # depth 0 timed for the first time
+    assert ctrl.costs()[3] == pytest.approx(0.010, rel=0.1), ctrl.costs()
