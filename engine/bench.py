@@ -98,12 +98,15 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
                draft_mode=draft_mode)
     for rep in range(repeats):
         for cls, id_lists in encoded.items():
+            totals = {lab: [0, 0.0] for lab in labels}
+            for i, ids in enumerate(id_lists):  # every decoder on prompt i, back to back,
+                turn = (rep + i) % len(labels)  # in a rotating order: the machine's drift
+                for lab in labels[turn:] + labels[:turn]:  # falls on all of them alike
+                    n, secs = _one(model, cells[cls][lab], lab, ids, i, **run)
+                    totals[lab][0] += n
+                    totals[lab][1] += secs
             for lab in labels:
-                cell = cells[cls][lab]
-                total_tok, total_s = 0, 0.0
-                for i, ids in enumerate(id_lists):
-                    n, secs = _one(model, cell, lab, ids, i, **run)
-                    total_tok, total_s = total_tok + n, total_s + secs
+                cell, (total_tok, total_s) = cells[cls][lab], totals[lab]
                 cell.tps.append(total_tok / total_s if total_s else 0.0)
                 if progress:
                     progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cell.tps[-1]:.1f} tok/s")
@@ -147,8 +150,8 @@ def best_fixed(rows: dict[str, dict]) -> str | None:
 
 def auto_vs_best_fixed(rows: dict[str, dict]) -> dict:
     """``auto`` against the fastest fixed depth of the class: the ratio of their medians, and
-    repeat by repeat (each repeat runs every decoder of a class back to back, so the paired
-    ratios see less of the machine's drift)."""
+    repeat by repeat (within a repeat every decoder runs each prompt back to back, so the
+    paired ratios see less of the machine's drift)."""
     best = best_fixed(rows)
     if best is None or "auto" not in rows:
         return {"best_depth": None, "ratio": None, "ratio_by_repeat": []}
