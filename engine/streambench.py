@@ -11,7 +11,8 @@ decoded together, each for ``max_tokens`` tokens, by
 Aggregate decode tok/s = the tokens every stream generates after all B prompts are prefilled
 and have their first token / the wall time from then to the last token (for every decoder
 alike; prefill is measured by ``bench --context``, joining by the TTFT below). Cells
-are interleaved within each repeat and the median of ``repeats`` is reported. Also reported:
+are interleaved within each repeat, in an order that rotates from one repeat to the next, and
+the median of ``repeats`` is reported. Also reported:
 peak memory of each engine batch (``mx.get_peak_memory``) and its growth per added stream,
 and the time to first token of a stream that joins a busy batch of B - 1 streams with a
 one-chunk prompt (``PREFILL_CHUNK`` tokens), next to one prefill chunk plus one cycle.
@@ -119,8 +120,10 @@ def streams_bench(model, *, streams: list[int], depths: list, max_tokens: int,
         state = cells.pop("_state")
         runs: dict[str, list[float]] = {lab: [] for lab in cells}
         cells["0"]()  # warm-up (and the replays)
+        order = list(cells.items())
         for r in range(repeats):
-            for lab, go in cells.items():
+            turn = r % len(order)  # a rotating order: no decoder always runs right after
+            for lab, go in order[turn:] + order[:turn]:  # the same other one
                 dt, n = go()
                 runs[lab].append(n / dt if dt > 0 else 0.0)
                 if progress:
