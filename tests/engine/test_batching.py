@@ -64,6 +64,16 @@ def batched(dec: BatchDecoder, streams, *, on_step=None) -> dict[str, list[int]]
     return got
 
 
+def run_reused(dec: BatchDecoder) -> dict[str, int]:
+    """Run ``dec`` to the end; each stream's prompt tokens reused from the prompt cache."""
+    reused = {}
+    while dec.busy:
+        for st, ev in dec.step():
+            if ev.prefill is not None:
+                reused[st.id] = ev.prefill.reused_tokens
+    return reused
+
+
 def _demo_prompts(model, n):
     texts = ["Write a python function that sorts a list.", "Explain json.dumps.",
              "def hello(name):", "What does os.path.join do?", "Write a stack class.",
@@ -301,11 +311,7 @@ def test_concurrent_conversations_each_reuse_their_prompt_cache(tiny_model):
     dec = BatchDecoder(tiny_model, max_streams=4)
     batched(dec, [dec.add(p, depth=d, max_tokens=12) for p, d in zip(ps, [1, 2, 0, 3])])
     second = [dec.add(f, depth=2, max_tokens=10) for f in follow]
-    reused = {}
-    while dec.busy:
-        for st, ev in dec.step():
-            if ev.prefill is not None:
-                reused[st.id] = ev.prefill.reused_tokens
+    reused = run_reused(dec)
     for s, p, d in zip(second, ps, [1, 2, 0, 3]):
         # the state after the reply (a depth-0 stream's has no MTP cache in step: the one
         # after its prompt)
@@ -426,11 +432,7 @@ def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
                          tokenizer=tiny_model.tokenizer, info=tiny_model.info)
     refs2 = [alone(other, f, depth=0, max_tokens=6) for f in follow]
     nxt = [dec.add(f, depth=0, max_tokens=6) for f in follow]
-    reused = {}
-    while dec.busy:
-        for st, ev in dec.step():
-            if ev.prefill is not None:
-                reused[st.id] = ev.prefill.reused_tokens
+    reused = run_reused(dec)
     for s, i, ref in zip(nxt, kept, refs2):
         assert reused[s.id] == len(ps[i]) + len(got[streams[i].id]) - 1, (mode, i)
         assert s.reply.generated == ref, (mode, i)
