@@ -645,8 +645,9 @@ class BatchDecoder:
         st, k, r = self.active[b], c.ks[b], self.active[b].row
         logits = c.ver.logits[b, :k + 1]
         if st.plain:  # one token, drawn as decode.run_plain draws it
-            if key is None and not r.params.greedy:
-                key = next(r.keys)
+            if key is None and not r.params.greedy:  # (a rewound plain step's key first)
+                key = self._carry.pop(st.id, None)
+                key = next(r.keys) if key is None else key
             if r.constraint is not None:
                 logits = grammar.masked(logits, r.constraint.allowed())
             y, exact = decode._pick(logits, r.params, r.reply.counts, key, dense=dense)

@@ -466,3 +466,34 @@ def test_batch_controllers_time_each_cycle_once_and_start_from_a_neighbour(tiny_
     assert fresh.state()["acceptance"] == seeded.state()["acceptance"]
     assert fresh.costs() == pytest.approx(seeded.costs())
     assert fresh.choose()[0] == seeded.choose()[0]
+
+
+def test_a_plain_batch_switches_to_speculation_and_back(tiny_model, monkeypatch):
+    """Plain rows pipelined alone, then a speculating stream joins (the batch runs full
+    cycles, the queued plain step rewound first), then it finishes (pipelined again): every
+    stream still equals its decode alone, and both kinds of cycle really ran."""
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+    ps = prompts(3, seed=40)
+    plan = [(0, 30), (0, 26), (2, 8)]  # (depth, budget); the last joins at step 3
+    refs = [alone(tiny_model, p, depth=d, max_tokens=n, sampling=params, seed=500 + i)
+            for i, (p, (d, n)) in enumerate(zip(ps, plan))]
+    ran = {"plain": 0, "full": 0}
+    plain, full = BatchDecoder._plain_cycle, BatchDecoder._launch
+    monkeypatch.setattr(BatchDecoder, "_plain_cycle",
+                        lambda self: ran.__setitem__("plain", ran["plain"] + 1) or plain(self))
+    monkeypatch.setattr(BatchDecoder, "_launch",
+                        lambda self: ran.__setitem__("full", ran["full"] + 1) or full(self))
+    tiny_model.reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=3)
+    streams = [dec.add(p, depth=d, max_tokens=n, sampling=params, seed=500 + i)
+               for i, (p, (d, n)) in enumerate(zip(ps[:2], plan))]
+    got, step = {}, 0
+    while dec.busy or len(streams) < 3:
+        if step == 3:
+            streams.append(dec.add(ps[2], depth=2, max_tokens=8, sampling=params, seed=502))
+        for st, ev in dec.step():
+            got.setdefault(st.id, []).extend(ev.token_ids)
+        step += 1
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref, s.depth
+    assert ran["plain"] > 10 and ran["full"] >= 2, ran
