@@ -253,7 +253,7 @@ class BatchDecoder:
             if model.depth_controller is not None and model.depth_controller.max_depth == max_d:
                 known[1] = model.depth_controller
             near = min(known, key=lambda n: (abs(n - rows), n), default=None)
-            c = AdaptiveDepth(max_d, initial=known[near].state() if near else None)
+            c = AdaptiveDepth(max_d, initial=None if near is None else known[near].state())
             model.batch_controllers[rows] = c
         return c
 
@@ -441,10 +441,7 @@ class BatchDecoder:
         ys, keys, exact = [], [], []
         for b, st in enumerate(self.active):
             r = st.row
-            key = None
-            if not r.params.greedy:
-                key = self._carry.pop(st.id, None)
-                key = next(r.keys) if key is None else key
+            key = None if r.params.greedy else self._plain_key(st)
             y, e = (greedy[b:b + 1], None) if key is None else \
                 decode._pick(logits[b:b + 1], r.params, None, key)
             ys.append(y.reshape(1).astype(mx.int32))
@@ -453,6 +450,12 @@ class BatchDecoder:
         y = greedy if all(k is None for k in keys) else mx.concatenate(ys)
         mx.async_eval([y] + [e for e in exact if e is not None])
         return _PlainStep(ver=ver, y=y, keys=keys, exact=exact, mark=mark)
+
+    def _plain_key(self, st: Stream) -> mx.array:
+        """A sampled plain row's key for its next token: the one a rewound plain step drew
+        for it (``_settle``), else its next."""
+        key = self._carry.pop(st.id, None)
+        return next(st.row.keys) if key is None else key
 
     def _settle(self) -> None:
         """Rewind the queued plain step, if any: each row's key is kept for its redo."""
@@ -645,9 +648,8 @@ class BatchDecoder:
         st, k, r = self.active[b], c.ks[b], self.active[b].row
         logits = c.ver.logits[b, :k + 1]
         if st.plain:  # one token, drawn as decode.run_plain draws it
-            if key is None and not r.params.greedy:  # (a rewound plain step's key first)
-                key = self._carry.pop(st.id, None)
-                key = next(r.keys) if key is None else key
+            if key is None and not r.params.greedy:
+                key = self._plain_key(st)
             if r.constraint is not None:
                 logits = grammar.masked(logits, r.constraint.allowed())
             y, exact = decode._pick(logits, r.params, r.reply.counts, key, dense=dense)

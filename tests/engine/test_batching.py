@@ -42,6 +42,13 @@ def demo_model():
     return engine.load(DEMO)
 
 
+def same_weights(model, **info) -> engine.Model:
+    """Another ``Model`` on ``model``'s weights: its own prompt cache and depth controllers,
+    ``info`` fields replaced (e.g. ``eos_token_ids=()``: streams that never stop early)."""
+    return engine.Model(trunk=model.trunk, mtp=model.mtp, tokenizer=model.tokenizer,
+                        info=dataclasses.replace(model.info, **info))
+
+
 def alone(model, prompt, *, depth, max_tokens, **kw) -> list[int]:
     model.reset_prompt_cache()
     out = []
@@ -195,8 +202,7 @@ def test_batched_depth2_sampling_follows_plain_distribution():
 
     d = build_tiny_model(Path(tempfile.mkdtemp()) / "m", vocab_size=V, seed=21, hidden=32)
     m = engine.load(d)
-    model = engine.Model(trunk=m.trunk, mtp=m.mtp, tokenizer=m.tokenizer,
-                         info=dataclasses.replace(m.info, eos_token_ids=()))
+    model = same_weights(m, eos_token_ids=())
     params = SETTINGS[0]
     expected = exact_pair_distribution(model, params).ravel()
     counts = np.zeros(V * V)
@@ -247,8 +253,7 @@ def test_every_row_matches_a_fresh_decode_after_each_commit(tiny_model):
 def test_memory_is_flat_across_many_joins_and_leaves(tiny_model):
     """1,000 streams join and leave (2 tokens each, 4 rows at a time): active memory after the
     last equals what it was early on, within a small slack."""
-    m = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp, tokenizer=tiny_model.tokenizer,
-                     info=dataclasses.replace(tiny_model.info, eos_token_ids=()))
+    m = same_weights(tiny_model, eos_token_ids=())
     ps = prompts(16, seed=35)
     dec = BatchDecoder(m, max_streams=4)
     mx.clear_cache()
@@ -428,8 +433,7 @@ def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
     kept = [i for i in range(6) if tuple(ps[i] + got[streams[i].id][:-1]) in ends_kept]
     assert len(kept) == 3 and 3 not in kept, kept
     follow = [ps[i] + got[streams[i].id] + [5, 6] for i in kept]
-    other = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp,  # its own prompt cache
-                         tokenizer=tiny_model.tokenizer, info=tiny_model.info)
+    other = same_weights(tiny_model)  # its own prompt cache
     refs2 = [alone(other, f, depth=0, max_tokens=6) for f in follow]
     nxt = [dec.add(f, depth=0, max_tokens=6) for f in follow]
     reused = run_reused(dec)
@@ -445,8 +449,7 @@ def test_batch_controllers_time_each_cycle_once_and_start_from_a_neighbour(tiny_
     a warm-up."""
     from engine.adaptive import AdaptiveDepth
 
-    m = engine.Model(trunk=tiny_model.trunk, mtp=tiny_model.mtp, tokenizer=tiny_model.tokenizer,
-                     info=dataclasses.replace(tiny_model.info, eos_token_ids=()))
+    m = same_weights(tiny_model, eos_token_ids=())
     dec = BatchDecoder(m, max_streams=3)
     for p, n in zip(prompts(3, seed=39), [20, 20, 5]):
         dec.add(p, depth="auto", max_tokens=n)
