@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine import candidates, cycle, decode, grammar, sampling, store
+from engine import candidates, cycle, decode, grammar
 from engine.adaptive import AdaptiveDepth
 from engine.batch import Batch, BatchVerified
 from engine.drafters import (Drafter, DraftRequest, Proposal, draft_counts, pick_draft,
