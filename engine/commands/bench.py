@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=lambda t: _positive(t, "repeats"), default=3)
     p.add_argument("--prompts", default=None, help="JSON file: [prompts] or {class: [prompts]}")
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")

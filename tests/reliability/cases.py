@@ -171,6 +171,8 @@ CLI = [
          base=None),
     Case("cli", "bench-context-not-a-number", ("bench", "--context", "512,x"), 2,
          ("--context", "'x'"), base=None),
+    Case("cli", "bench-repeats-zero", ("bench", "--repeats", "0"), 2,
+         ("--repeats", ">= 1", "'0'"), base=None),
     Case("cli", "rm-unknown", ("rm", "nothing-here", "--yes"), 2, ("no model named",),
          base=None),
     Case("cli", "unknown-verb", ("frobnicate",), 2, ("invalid choice",), base=None),
