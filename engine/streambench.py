@@ -60,8 +60,9 @@ def mlx_lm_batch(model, prompts: list[list[int]], max_tokens: int,
 
 def engine_batch(model, prompts: list[list[int]], max_tokens: int, params: SamplingParams,
                  depth, *, replays: list[list[int]] | None = None, seed: int = 0,
-                 ) -> tuple[float, int, list[list[int]], int]:
-    """This engine's batch: (seconds, generated tokens, each stream's tokens, peak bytes)."""
+                 ) -> tuple[float, int, list[list[int]], int, dict[str, float]]:
+    """This engine's batch: (seconds, generated tokens, each stream's tokens, peak bytes,
+    the anatomy of its full-batch cycles: ``_anatomy``)."""
     model.reset_prompt_cache()
     mx.reset_peak_memory()
     dec = BatchDecoder(model, max_streams=len(prompts), use_mtp=replays is None)
@@ -72,27 +73,53 @@ def engine_batch(model, prompts: list[list[int]], max_tokens: int, params: Sampl
     while dec.waiting or dec.joining:  # every prompt prefilled, every first token out
         for st, ev in dec.admit_step():
             out[st.id].extend(ev.token_ids)
-    t0, n = time.perf_counter(), 0
+    t0, n, full = time.perf_counter(), 0, {}
     for st, ev in dec.run():
         out[st.id].extend(ev.token_ids)
         n += len(ev.token_ids)
+        if ev.stats is not None and ev.stats.batch_rows == len(prompts):
+            full.setdefault(dec.cycles, []).append(ev.stats)  # a cycle's rows share its times
     dt = time.perf_counter() - t0
-    return dt, n, [out[s.id] for s in streams], mx.get_peak_memory()
+    return dt, n, [out[s.id] for s in streams], mx.get_peak_memory(), _anatomy(full)
+
+
+PHASES = ("total", "draft", "verify", "accept", "commit")
+
+
+def _anatomy(cycles: dict[int, list]) -> dict[str, float]:
+    """Medians over the cycles in which every stream had a row: the cycle's seconds in all
+    (``total``) and by phase (``accept`` includes the wait on its host sync), and the mean
+    tokens a row got from a cycle (``tokens_per_row``); ``cycles``: how many. Empty when no
+    cycle had every row (the streams ended at once)."""
+    if not cycles:
+        return {}
+    rows = list(cycles.values())
+    first = [r[0] for r in rows]
+    part = {"total": [s.t_total for s in first], "draft": [s.t_draft for s in first],
+            "verify": [s.t_verify for s in first],
+            "accept": [s.t_accept + s.t_sync for s in first],
+            "commit": [s.t_commit for s in first]}
+    out = {k: statistics.median(v) for k, v in part.items()}
+    out["tokens_per_row"] = statistics.mean(s.accepted + 1 for r in rows for s in r)
+    out["cycles"] = float(len(rows))
+    return out
 
 
 def _cells(model, prompts, max_tokens, params, depths, replay, mlx_lm) -> dict[str, Callable]:
     """label -> a no-argument run returning (seconds, tokens); fills ``plain`` (depth 0's
-    tokens, the replays) and ``peak`` as a side effect."""
-    state: dict = {"plain": None, "peak": {}}
+    tokens, the replays), ``peak`` and ``anatomy`` (a list per label) as a side effect."""
+    state: dict = {"plain": None, "peak": {}, "anatomy": {}}
 
     def eng(depth, lab):
         def go():
             replays = state["plain"] if (replay and depth != 0) else None
-            dt, n, toks, peak = engine_batch(model, prompts, max_tokens, params, depth,
-                                             replays=replays)
+            dt, n, toks, peak, anatomy = engine_batch(model, prompts, max_tokens, params,
+                                                      depth, replays=replays)
             if depth == 0:
                 state["plain"] = toks
             state["peak"][lab] = peak
+            if anatomy:
+                state["anatomy"].setdefault(lab, []).append(anatomy)
             return dt, n
         return go
 
@@ -112,14 +139,16 @@ def streams_bench(model, *, streams: list[int], depths: list, max_tokens: int,
                   texts: list[str], params: SamplingParams, repeats: int = 3,
                   replay: bool = False, mlx_lm: bool = True,
                   progress: Callable[[str], None] | None = None) -> dict:
-    """The table: {B: {label: aggregate tok/s (median)}, ...} plus peaks and the join TTFT."""
-    table, peaks = {}, {}
+    """The table: {B: {label: aggregate tok/s (median)}, ...} plus peaks, and each engine
+    cell's cycle anatomy ({B: {label: {phase: median over repeats}}}, see ``_anatomy``)."""
+    table, peaks, anatomy = {}, {}, {}
     for b in streams:
         prompts = _prompts(model, texts, b)
         cells = _cells(model, prompts, max_tokens, params, depths, replay, mlx_lm)
         state = cells.pop("_state")
         runs: dict[str, list[float]] = {lab: [] for lab in cells}
         cells["0"]()  # warm-up (and the replays)
+        state["anatomy"].clear()
         order = list(cells.items())
         for r in range(repeats):
             turn = r % len(order)  # a rotating order: no decoder always runs right after
@@ -130,8 +159,10 @@ def streams_bench(model, *, streams: list[int], depths: list, max_tokens: int,
                     progress(f"streams {b} repeat {r + 1}/{repeats} {lab}: {n / dt:.1f} tok/s")
         table[b] = {lab: statistics.median(v) for lab, v in runs.items()}
         peaks[b] = dict(state["peak"])
+        anatomy[b] = {lab: {k: statistics.median(a[k] for a in runs_)
+                            for k in runs_[0]} for lab, runs_ in state["anatomy"].items()}
     return {"aggregate_tok_s": table, "peak_bytes": peaks,
-            "per_stream_bytes": _per_stream(peaks, streams)}
+            "per_stream_bytes": _per_stream(peaks, streams), "anatomy": anatomy}
 
 
 def _per_stream(peaks: dict, streams: list[int]) -> dict[str, float]:
@@ -225,7 +256,32 @@ def _print(model, args, res: dict, streams: list[int]) -> None:
               + f"   {best / row[ref]:6.2f}x  {best / one:6.2f}x")
     for lab, per in res["per_stream_bytes"].items():
         print(f"peak memory per added stream ({lab}): {per / 2**20:.2f} MiB")
+    _print_anatomy(res["anatomy"], table, streams)
     j = res["join"]
     print(f"joining a busy batch of {j['busy_streams']} with a {j['prompt_tokens']}-token "
           f"prompt: time to first token {j['ttft_s'] * 1000:.0f} ms (one prefill chunk + one "
           f"cycle: {j['chunk_plus_cycle_s'] * 1000:.0f} ms)")
+
+
+def _print_anatomy(anatomy: dict, table: dict, streams: list[int]) -> None:
+    """Depth 0's cycle and the fastest engine cell's, at each batch size: where the time of a
+    cycle with every stream in it goes, and what scaling it allows (``bound``: B rows x the
+    tokens a row gets a cycle / the cycle's time, against the same for one stream's fastest
+    cell: what B streams could reach against one if no stream ever left the batch)."""
+    rows = []
+    for b in streams:
+        got = anatomy.get(b, {})
+        fastest = max((lab for lab in table[b] if lab in got), key=table[b].get, default=None)
+        rows += [(b, lab, got[lab]) for lab in dict.fromkeys(("0", fastest)) if lab in got]
+    if not rows:
+        return
+    one = min(streams)
+    ref = [a for b, lab, a in rows if b == one][-1]
+    per = one * ref["tokens_per_row"] / ref["total"]
+    print("cycles with every stream in the batch (median ms; tokens a row gets a cycle):")
+    print(f"{'streams':>7} {'cell':>5} " + " ".join(f"{p:>7}" for p in PHASES)
+          + "  tok/row    bound")
+    for b, lab, a in rows:
+        bound = b * a["tokens_per_row"] / a["total"] / per
+        print(f"{b:>7} {lab:>5} " + " ".join(f"{1000 * a[p]:7.2f}" for p in PHASES)
+              + f"  {a['tokens_per_row']:7.2f}  {bound:6.2f}x")
