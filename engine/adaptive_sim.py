@@ -26,6 +26,9 @@ Everything depends only on the seeds: the same call gives the same numbers.
 """
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +52,9 @@ class Workload:
     load: float = 0.25  # other load: every ~60 cycles everything runs up to this much slower
     spread: float = 0.08  # each reply's table: the class's ± this (uniform, all positions)
     lengths: tuple[int, int] = (24, 110)  # a reply's tokens (to its end of sequence), uniform
+    # recorded replies by class (``engine.adaptive_traces``): (accepted drafts of each cycle
+    # at the deepest depth, the reply's tokens); when given, replies are drawn from these
+    recorded: dict = field(default_factory=dict)
 
     @property
     def max_depth(self) -> int:
@@ -81,6 +87,17 @@ class Reply:
 
     acceptance: tuple[float, ...]  # conditional acceptance by draft position
     length: int  # tokens up to and with its end of sequence
+    trace: tuple[int, ...] = ()  # recorded: drafts each cycle accepted at the deepest depth
+
+    def recorded_at(self, pos: int) -> int:
+        """The recorded cycle's accepted drafts for a cycle that starts ``pos`` tokens after
+        the reply's first: the one recorded from the latest start at or before ``pos``."""
+        j = bisect.bisect_right(self._starts, pos) - 1
+        return self.trace[max(j, 0)]
+
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return list(itertools.accumulate((a + 1 for a in self.trace[:-1]), initial=0))
 
 
 CLASSES = ("in-domain", "out-of-domain", "mixed")
@@ -88,11 +105,16 @@ STARTS = ("cold", "seeded", "carried")
 
 
 def replies_for(w: Workload, cls: str, n: int, rng: random.Random) -> list[Reply]:
-    """``n`` replies of class ``cls``; ``"mixed"`` alternates the classes reply by reply."""
+    """``n`` replies of class ``cls``; ``"mixed"`` alternates the classes reply by reply. A
+    recorded workload draws each reply from its class's recordings."""
     names = list(w.classes) if cls == "mixed" else [cls]
     out = []
     for r in range(n):
         base = w.classes[names[r % len(names)]]
+        if w.recorded:
+            trace, length = rng.choice(w.recorded[names[r % len(names)]])
+            out.append(Reply(base, length, tuple(trace)))
+            continue
         shift = w.spread * (2 * rng.random() - 1)
         table = tuple(min(max(p + shift, 0.0), 0.995) for p in base)
         out.append(Reply(table, rng.randint(*w.lengths)))
@@ -149,7 +171,10 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
                 seed: int = 0, out: Outcome | None = None) -> Outcome:
     """Decode ``replies`` with ``ctrl``, calling ``new_request()`` between them. A cycle's
     depth is clipped to the token budget left, as ``engine.decode`` clips it; drafts past the
-    end of sequence are wasted (its credit counts only the tokens up to it)."""
+    end of sequence are wasted (its credit counts only the tokens up to it). A recorded
+    reply's cycle at depth d accepts ``min(a, d)`` drafts, ``a`` what the recorded cycle that
+    started at the same place in the reply (or just before) accepted at the deepest depth,
+    and is credited with its tokens."""
     rng = random.Random(seed)
     out = out or Outcome()
     slow = 1.0
@@ -162,8 +187,8 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
         while left > 0:
             d, reason = ctrl.choose()
             d = max(0, min(int(d), budget - 1, w.max_depth))
-            accepted = 0
-            while accepted < d and rng.random() < p[accepted]:
+            accepted = min(reply.recorded_at(max_tokens - 1 - budget), d) if reply.trace else 0
+            while not reply.trace and accepted < d and rng.random() < p[accepted]:
                 accepted += 1
             if rng.random() < 1 / 60:
                 slow = 1 + w.load * rng.random()
@@ -171,7 +196,8 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             if rng.random() < w.spikes:
                 t *= 2 + 2 * rng.random()
             ctrl.observe(_stats(d, accepted, t))
-            gain = expected_tokens(p, min(d, left - 1))
+            gain = min(accepted + 1, left) if reply.trace else \
+                expected_tokens(p, min(d, left - 1))
             out.tokens += gain
             out.seconds += w.cost[d]
             out.depths[d] += 1

@@ -163,15 +163,17 @@ def _run_reopen(args, depths) -> int:
 
 
 def _run_simulate(args) -> int:
-    from engine.adaptive_sim import format_table, table
+    from engine.adaptive_sim import WORKLOADS, format_table, table
+    from engine.adaptive_traces import workloads as recorded
 
-    rows = table(max_tokens=args.max_tokens)
+    rows = table(WORKLOADS + tuple(recorded()), max_tokens=args.max_tokens)
     if args.json:
         keep = ("workload", "start", "class", "auto", "fixed", "best", "ratio")
         print(json.dumps([{k: r[k] for k in keep} for r in rows], indent=1))
         return 0
     print(f"simulated replies of up to {args.max_tokens} tokens, 4 runs x 20 replies per row "
-          "(engine.adaptive_sim)")
+          "(engine.adaptive_sim; recorded-*: replies replaying the demo model's recorded "
+          "cycles, engine.adaptive_traces)")
     print(format_table(rows))
     return 0
 
