@@ -255,8 +255,8 @@ def sample_each(probs: mx.array, keys: mx.array) -> mx.array:
     """``sample`` of each row of ``probs[R, V]`` with its own key (``keys[R, 2]``): row i
     draws exactly what ``sample(probs[i:i + 1], keys[i])`` draws (the same noise)."""
     probs = _as_float(probs)
-    g = mx.concatenate([mx.random.gumbel(shape=(1, probs.shape[-1]), key=keys[i])
-                        for i in range(probs.shape[0])]).astype(probs.dtype)
+    V = probs.shape[-1]  # one draw of V noises per key, batched by ``vmap`` (the same bits)
+    g = mx.vmap(lambda k: mx.random.gumbel(shape=(V,), key=k))(keys).astype(probs.dtype)
     return mx.argmax(mx.log(probs) + g, axis=-1).astype(mx.int32)
 
 
