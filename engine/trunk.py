@@ -3,11 +3,13 @@ that captures the Gated DeltaNet state after every step so a rejection never re-
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
+                                scaled_dot_product_attention)
 
 # The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
 # what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
@@ -161,6 +163,47 @@ def mlp_block(layer, h: mx.array) -> mx.array:
                        [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
 
+def attention_block(layer, x: mx.array, mask, cache) -> mx.array:
+    """A full-attention decoder layer's first half, ``x + self_attn(input_layernorm(x))``,
+    with mlx-lm's operations; on the CPU the norm, the projections, the q/k norms and RoPE
+    run as one ``mx.compile``d function and the output gate, ``o_proj`` and the residual as
+    another (the RoPE offset passed as an array: the same values as an int offset, tested),
+    between them the cache update and the attention itself as mlx-lm runs them (their
+    shapes grow with the context, so they are not compiled)."""
+    attn = layer.self_attn
+    if mx.default_device() != mx.cpu or cache is None or \
+            not isinstance(attn.rope, nn.RoPE) or not hasattr(attn, "q_norm"):
+        return x + attn(layer.input_layernorm(x), mask, cache)
+    offset = cache.offset
+    if isinstance(offset, int):
+        offset = mx.array(offset, dtype=mx.int32)
+    q, k, v, gate = compiled_on(layer, "_mtpchat_attn_in", functools.partial(_attn_in, layer),
+                                [attn.state, layer.input_layernorm.state])(x, offset)
+    k, v = cache.update_and_fetch(k, v)
+    out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+    return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, attn),
+                       [attn.o_proj.state])(out, gate, x)
+
+
+def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
+    """mlx-lm's attention up to the cache update: queries and keys (normed, rotated),
+    values, the output gate."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    B, L, _ = h.shape
+    q, gate = mx.split(attn.q_proj(h).reshape(B, L, attn.num_attention_heads, -1), 2, axis=-1)
+    k = attn.k_norm(attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1))
+    v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
+    q = attn.rope(attn.q_norm(q).transpose(0, 2, 1, 3), offset=offset)
+    return q, attn.rope(k.transpose(0, 2, 1, 3), offset=offset), v, gate.reshape(B, L, -1)
+
+
+def _attn_out(attn, out: mx.array, gate: mx.array, x: mx.array) -> mx.array:
+    B, _, L, _ = out.shape
+    out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
+    return x + attn.o_proj(out * mx.sigmoid(gate))
+
+
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
                    ) -> tuple[mx.array, dict[int, GDNCapture]]:
     """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
@@ -185,9 +228,10 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
             r, cap = _gdn_capture_fused(layer.linear_attn, layer.input_layernorm(x), c)
             if capture:
                 captures[i] = cap
+            x = x + r
         else:
-            r = layer.self_attn(layer.input_layernorm(x), fa_mask, c)
-        x = mlp_block(layer, x + r)
+            x = attention_block(layer, x, fa_mask, c)
+        x = mlp_block(layer, x)
     return inner.norm(x), captures
 
 

@@ -364,8 +364,8 @@ def test_fused_gdn_capture_sees_new_weights(tiny_model):
 
 @pytest.mark.parametrize("which", ["dense", "moe", "dense-bf16"])
 def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_factory):
-    """A depth-0 step (``Session.step_plain``: compiled GDN and MLP halves) gives the logits
-    and caches mlx-lm's own model call gives, bit for bit, step after step."""
+    """A depth-0 step (``Session.step_plain``: compiled GDN, attention and MLP parts) gives
+    the logits and caches mlx-lm's own model call gives, bit for bit, step after step."""
     from engine.model import load
     from tests.tinymodels import build_tiny_model
 
@@ -392,6 +392,39 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
             assert x == y
             continue
         assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+
+
+def test_compiled_attention_sees_new_weights_and_runs(tiny_model):
+    """The attention half of a full-attention layer, compiled in two parts, uses weights
+    changed in place after it was compiled (here ``q_proj``'s and ``o_proj``'s), and equals
+    mlx-lm's layer bit for bit with them."""
+    from mlx_lm.models.cache import KVCache
+
+    from engine import trunk
+
+    layer = next(x for x in tiny_model.text_model.model.layers if not x.is_linear)
+    h = mx.random.normal((1, 3, tiny_model.text_model.args.hidden_size), key=mx.random.key(4))
+
+    def both():
+        mine, ref = KVCache(), KVCache()
+        for c in (mine, ref):  # some context first: a RoPE offset that is not 0
+            c.update_and_fetch(*[mx.random.normal((1, layer.self_attn.num_key_value_heads, 5,
+                                                   layer.self_attn.head_dim),
+                                                  key=mx.random.key(k)) for k in (5, 6)])
+        got = trunk.attention_block(layer, h, "causal", mine)
+        want = h + layer.self_attn(layer.input_layernorm(h), "causal", ref)
+        return got, want
+
+    before, _ = both()
+    old_q, old_o = layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight
+    try:
+        layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight = old_q * 2, old_o * 3
+        after, ref = both()
+    finally:
+        layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight = old_q, old_o
+    assert layer.__dict__.get("_mtpchat_attn_in") is not None, "the compiled path did not run"
+    assert np.array_equal(np.array(after), np.array(ref))
+    assert not np.array_equal(np.array(after), np.array(before))
 
 
 def test_compiled_mlp_half_sees_new_weights(tiny_model):
