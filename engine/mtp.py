@@ -15,7 +15,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
-from engine.trunk import attention_block, compiled_on, mlp_block
+from engine.trunk import attention_layer, compiled_on
 
 # Norm weights that checkpoints store zero-centred (scale = 1 + w).
 MTP_NORM_SUFFIXES = (
@@ -42,7 +42,7 @@ class MTPHead(nn.Module):
         z = self._fc(hidden, token_embeds)
         mask = create_attention_mask(z, cache[0])
         for layer, c in zip(self.layers, cache):  # mlx-lm's DecoderLayer, compiled in parts
-            z = mlp_block(layer, attention_block(layer, z, mask, c))
+            z = attention_layer(layer, z, mask, c)
         return self.norm(z)
 
     def _fc(self, hidden: mx.array, token_embeds: mx.array) -> mx.array:

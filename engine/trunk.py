@@ -163,17 +163,18 @@ def mlp_block(layer, h: mx.array) -> mx.array:
                        [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
 
-def attention_block(layer, x: mx.array, mask, cache) -> mx.array:
-    """A full-attention decoder layer's first half, ``x + self_attn(input_layernorm(x))``,
-    with mlx-lm's operations; on the CPU the norm, the projections, the q/k norms and RoPE
-    run as one ``mx.compile``d function and the output gate, ``o_proj`` and the residual as
-    another (the RoPE offset passed as an array: the same values as an int offset, tested),
-    between them the cache update and the attention itself as mlx-lm runs them (their
-    shapes grow with the context, so they are not compiled)."""
+def attention_layer(layer, x: mx.array, mask, cache) -> mx.array:
+    """A full-attention decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
+    ``h = x + self_attn(input_layernorm(x))``, with mlx-lm's operations. On the CPU the norm,
+    the projections, the q/k norms and RoPE run as one ``mx.compile``d function (the RoPE
+    offset passed as an array: the same values as an int offset, tested), then the cache
+    update and the attention itself as mlx-lm runs them (their shapes grow with the context,
+    so they are not compiled), then the output gate, ``o_proj``, the residual and (a dense
+    MLP) the layer's second half as another compiled function."""
     attn = layer.self_attn
     if mx.default_device() != mx.cpu or cache is None or \
             not isinstance(attn.rope, nn.RoPE) or not hasattr(attn, "q_norm"):
-        return x + attn(layer.input_layernorm(x), mask, cache)
+        return mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache))
     offset = cache.offset
     if isinstance(offset, int):
         offset = mx.array(offset, dtype=mx.int32)
@@ -181,8 +182,15 @@ def attention_block(layer, x: mx.array, mask, cache) -> mx.array:
                                 [attn.state, layer.input_layernorm.state])(x, offset)
     k, v = cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
-    return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, attn),
-                       [attn.o_proj.state])(out, gate, x)
+    if not _dense(layer):
+        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False))
+    return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, layer),
+                       [attn.o_proj.state, layer.mlp.state,
+                        layer.post_attention_layernorm.state])(out, gate, x)
+
+
+def _dense(layer) -> bool:
+    return hasattr(layer.mlp, "gate_proj")
 
 
 def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
@@ -198,10 +206,45 @@ def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
     return q, attn.rope(k.transpose(0, 2, 1, 3), offset=offset), v, gate.reshape(B, L, -1)
 
 
-def _attn_out(attn, out: mx.array, gate: mx.array, x: mx.array) -> mx.array:
+def _attn_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,
+              mlp: bool = True) -> mx.array:
+    """The attention's output through its gate and ``o_proj``, plus ``x``; with ``mlp`` the
+    layer's second half on top."""
     B, _, L, _ = out.shape
     out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
-    return x + attn.o_proj(out * mx.sigmoid(gate))
+    h = x + layer.self_attn.o_proj(out * mx.sigmoid(gate))
+    return h + layer.mlp(layer.post_attention_layernorm(h)) if mlp else h
+
+
+def linear_layer(layer, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
+    """A Gated DeltaNet decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
+    ``h = x + linear_attn(input_layernorm(x))``, keeping the conv window and recurrent state
+    after every step (``_gdn_capture``). On the CPU, with a dense MLP and both caches set,
+    the whole layer is one ``mx.compile``d function per input shape (the same operations as
+    mlx-lm's layer, bit for bit: tested); else its GDN part (``_gdn_capture_fused``) and its
+    MLP half (``mlp_block``) run apart."""
+    gdn = layer.linear_attn
+    if mx.default_device() != mx.cpu or cache[0] is None or cache[1] is None or \
+            not _dense(layer):
+        r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache)
+        return mlp_block(layer, x + r), cap
+    fns = layer.__dict__.setdefault("_mtpchat_layer", {})
+    key = (x.shape, x.dtype, cache[0].shape, cache[1].shape)
+    fn = fns.get(key)
+    if fn is None:
+        if len(fns) >= 64:  # shapes come from batch sizes and depths: a handful in practice
+            fns.clear()
+
+        def body(x, conv, state):
+            out, cap = _gdn_capture(gdn, layer.input_layernorm(x), [conv, state])
+            h = x + out
+            return (h + layer.mlp(layer.post_attention_layernorm(h)), *cap.conv, *cap.state)
+        fn = fns[key] = mx.compile(body, inputs=layer.state)  # weights: inputs, not constants
+    res = fn(x, cache[0], cache[1])
+    S = x.shape[1]
+    capture = GDNCapture(conv=list(res[1:1 + S]), state=list(res[1 + S:]))
+    cache[0], cache[1] = capture.conv[-1], capture.state[-1]
+    return res[0], capture
 
 
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
@@ -211,8 +254,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     With ``capture`` the GDN layers record their per-step states (keyed by layer index);
     the attention layers append to their KV caches as usual (trimmed by the caller). With
     ``capture`` or one token per row (a decode step), each layer runs as mlx-lm's decoder
-    layer does but with its GDN part and its MLP half compiled (``_gdn_capture_fused``,
-    ``mlp_block``); a prefill chunk runs mlx-lm's layers unchanged.
+    layer does but compiled: a GDN layer whole (``linear_layer``), an attention layer in two
+    parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
+    layers unchanged.
     """
     inner = text_model.model
     x = inner.embed_tokens(inputs)
@@ -225,13 +269,11 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue
         if layer.is_linear:
-            r, cap = _gdn_capture_fused(layer.linear_attn, layer.input_layernorm(x), c)
+            x, cap = linear_layer(layer, x, c)
             if capture:
                 captures[i] = cap
-            x = x + r
         else:
-            x = attention_block(layer, x, fa_mask, c)
-        x = mlp_block(layer, x)
+            x = attention_layer(layer, x, fa_mask, c)
     return inner.norm(x), captures
 
 

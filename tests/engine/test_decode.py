@@ -394,10 +394,10 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
         assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
 
 
-def test_compiled_attention_sees_new_weights_and_runs(tiny_model):
-    """The attention half of a full-attention layer, compiled in two parts, uses weights
-    changed in place after it was compiled (here ``q_proj``'s and ``o_proj``'s), and equals
-    mlx-lm's layer bit for bit with them."""
+def test_compiled_attention_layer_sees_new_weights(tiny_model):
+    """A full-attention layer, compiled in two parts around its cache update, uses weights
+    changed in place after it was compiled (here ``q_proj``'s, ``o_proj``'s and the MLP's),
+    and equals mlx-lm's layer bit for bit with them."""
     from mlx_lm.models.cache import KVCache
 
     from engine import trunk
@@ -411,19 +411,66 @@ def test_compiled_attention_sees_new_weights_and_runs(tiny_model):
             c.update_and_fetch(*[mx.random.normal((1, layer.self_attn.num_key_value_heads, 5,
                                                    layer.self_attn.head_dim),
                                                   key=mx.random.key(k)) for k in (5, 6)])
-        got = trunk.attention_block(layer, h, "causal", mine)
-        want = h + layer.self_attn(layer.input_layernorm(h), "causal", ref)
+        got = trunk.attention_layer(layer, h, "causal", mine)
+        want = layer(h, "causal", ref)  # mlx-lm's decoder layer
         return got, want
 
     before, _ = both()
-    old_q, old_o = layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight
+    attn, mlp = layer.self_attn, layer.mlp
+    old = attn.q_proj.weight, attn.o_proj.weight, mlp.down_proj.weight
     try:
-        layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight = old_q * 2, old_o * 3
+        attn.q_proj.weight, attn.o_proj.weight, mlp.down_proj.weight = (w * 2 for w in old)
         after, ref = both()
     finally:
-        layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight = old_q, old_o
-    assert layer.__dict__.get("_mtpchat_attn_in") is not None, "the compiled path did not run"
+        attn.q_proj.weight, attn.o_proj.weight, mlp.down_proj.weight = old
+    assert "_mtpchat_attn_in" in layer.__dict__ and "_mtpchat_attn_out" in layer.__dict__
     assert np.array_equal(np.array(after), np.array(ref))
+    assert not np.array_equal(np.array(after), np.array(before))
+
+
+def test_compiled_linear_layer_is_mlx_lms_and_sees_new_weights(tiny_model):
+    """A Gated DeltaNet layer compiled whole gives mlx-lm's decoder layer's output and cache,
+    and the parts' (``_gdn_capture`` then the MLP half) per-step states, bit for bit, over 1
+    and 3 tokens; weights changed in place after it was compiled are the ones it uses."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from engine import trunk
+
+    layer = next(x for x in tiny_model.text_model.model.layers if x.is_linear)
+    gdn = layer.linear_attn
+    H = tiny_model.text_model.args.hidden_size
+    conv = mx.random.normal((1, gdn.conv_kernel_size - 1, gdn.conv_dim), key=mx.random.key(7))
+    state = mx.random.normal((1, gdn.num_v_heads, gdn.head_v_dim, gdn.head_k_dim),
+                             key=mx.random.key(8)) * 0.1
+
+    def check(S):
+        x = mx.random.normal((1, S, H), key=mx.random.key(9 + S))
+        mine = ArraysCache(size=2)
+        mine[0], mine[1] = conv, state
+        got, cap = trunk.linear_layer(layer, x, mine)
+        ref = ArraysCache(size=2)
+        ref[0], ref[1] = conv, state
+        want = layer(x, mask=None, cache=ref)
+        parts = [conv, state]
+        r, pcap = trunk._gdn_capture(gdn, layer.input_layernorm(x), parts)
+        h = x + r
+        assert np.array_equal(np.array(got), np.array(want))
+        assert np.array_equal(np.array(got), np.array(h + layer.mlp(
+            layer.post_attention_layernorm(h))))
+        for a, b in zip(cap.state + cap.conv + [mine[0], mine[1]],
+                        pcap.state + pcap.conv + [ref[0], ref[1]]):
+            assert np.array_equal(np.array(a), np.array(b))
+        return got
+
+    for S in (1, 3):
+        before = check(S)
+    old = layer.mlp.down_proj.weight, gdn.out_proj.weight
+    try:
+        layer.mlp.down_proj.weight, gdn.out_proj.weight = (w * 2 for w in old)
+        after = check(3)
+    finally:
+        layer.mlp.down_proj.weight, gdn.out_proj.weight = old
+    assert layer.__dict__.get("_mtpchat_layer"), "the compiled path did not run"
     assert not np.array_equal(np.array(after), np.array(before))
 
 
