@@ -166,7 +166,7 @@ def _run_simulate(args) -> int:
     from engine.adaptive_sim import WORKLOADS, format_table, table
     from engine.adaptive_traces import workloads as recorded
 
-    rows = table(WORKLOADS + tuple(recorded()), max_tokens=args.max_tokens)
+    rows = table(workloads=WORKLOADS + tuple(recorded()), max_tokens=args.max_tokens)
     if args.json:
         keep = ("workload", "start", "class", "auto", "fixed", "best", "ratio")
         print(json.dumps([{k: r[k] for k in keep} for r in rows], indent=1))

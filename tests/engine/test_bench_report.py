@@ -43,10 +43,14 @@ def test_the_table_has_a_vs_best_column_and_an_auto_line(capsys):
 
 
 def test_bench_simulate_needs_no_model(monkeypatch, capsys):
-    small = adaptive_sim.table
-    monkeypatch.setattr(adaptive_sim, "table", lambda **kw: small(
-        workloads=adaptive_sim.WORKLOADS[:1], starts=("seeded",), runs=1, replies=4, **kw))
+    small, asked = adaptive_sim.table, []
+
+    def table(workloads, **kw):  # the synthetic and the recorded workloads; runs the first
+        asked.extend(w.name for w in workloads)
+        return small(workloads=workloads[:1], starts=("seeded",), runs=1, replies=4, **kw)
+    monkeypatch.setattr(adaptive_sim, "table", table)
     assert main(["bench", "--simulate", "--json", "--max-tokens", "64"]) == 0
+    assert {"demo-T0", "rough-T0.7", "recorded-demo-T0", "recorded-demo-T0.7"} <= set(asked)
     rows = json.loads(capsys.readouterr().out)
     assert [r["class"] for r in rows] == ["in-domain", "out-of-domain", "mixed"]
     assert all(r["workload"] == "demo-T0" and 0.5 < r["ratio"] < 1.5 for r in rows)
