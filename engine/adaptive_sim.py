@@ -89,6 +89,16 @@ class Reply:
     length: int  # tokens up to and with its end of sequence
     trace: tuple[int, ...] = ()  # recorded: drafts each cycle accepted at the deepest depth
 
+    def draw(self, pos: int, d: int, rng: random.Random) -> int:
+        """Drafts a cycle at depth ``d`` starting ``pos`` tokens after the reply's first
+        accepts: from the recording, else position by position from the table."""
+        if self.trace:
+            return min(self.recorded_at(pos), d)
+        accepted = 0
+        while accepted < d and rng.random() < self.acceptance[accepted]:
+            accepted += 1
+        return accepted
+
     def recorded_at(self, pos: int) -> int:
         """The recorded cycle's accepted drafts for a cycle that starts ``pos`` tokens after
         the reply's first: the one recorded from the latest start at or before ``pos``."""
@@ -187,9 +197,7 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
         while left > 0:
             d, reason = ctrl.choose()
             d = max(0, min(int(d), budget - 1, w.max_depth))
-            accepted = min(reply.recorded_at(max_tokens - 1 - budget), d) if reply.trace else 0
-            while not reply.trace and accepted < d and rng.random() < p[accepted]:
-                accepted += 1
+            accepted = reply.draw(max_tokens - 1 - budget, d, rng)
             if rng.random() < 1 / 60:
                 slow = 1 + w.load * rng.random()
             t = slow * w.cost[d] * (1 + w.noise * (2 * rng.random() - 1))

@@ -94,12 +94,10 @@ def _anatomy(cycles: dict[int, list]) -> dict[str, float]:
     if not cycles:
         return {}
     rows = list(cycles.values())
-    first = [r[0] for r in rows]
-    part = {"total": [s.t_total for s in first], "draft": [s.t_draft for s in first],
-            "verify": [s.t_verify for s in first],
-            "accept": [s.t_accept + s.t_sync for s in first],
-            "commit": [s.t_commit for s in first]}
-    out = {k: statistics.median(v) for k, v in part.items()}
+
+    def seconds(s, phase: str) -> float:
+        return s.t_accept + s.t_sync if phase == "accept" else getattr(s, "t_" + phase)
+    out = {p: statistics.median(seconds(r[0], p) for r in rows) for p in PHASES}
     out["tokens_per_row"] = statistics.mean(s.accepted + 1 for r in rows for s in r)
     out["cycles"] = float(len(rows))
     return out

@@ -121,7 +121,17 @@ def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
     live on the layer itself, so they go with the model."""
     if mx.default_device() != mx.cpu or cache[0] is None or cache[1] is None:
         return _gdn_capture(gdn, x, cache)
-    fns = gdn.__dict__.setdefault("_mtpchat_capture", {})
+    return _compiled_captured(gdn, "_mtpchat_capture", functools.partial(_gdn_capture, gdn),
+                              x, cache)
+
+
+def _compiled_captured(module, name: str, run, x: mx.array, cache,
+                       ) -> tuple[mx.array, GDNCapture]:
+    """``run(x, [conv, state]) -> (out, GDNCapture)`` as one ``mx.compile``d function per
+    input shape, kept on ``module`` under ``name``; sets ``cache`` to the last step's states.
+    The module's weights are compile inputs, not constants: a model whose weights change in
+    place (training, a reload into the same modules) is never run with stale ones."""
+    fns = module.__dict__.setdefault(name, {})
     key = (x.shape, x.dtype, cache[0].shape, cache[1].shape)
     fn = fns.get(key)
     if fn is None:
@@ -129,11 +139,9 @@ def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
             fns.clear()
 
         def body(x, conv, state):
-            out, cap = _gdn_capture(gdn, x, [conv, state])
+            out, cap = run(x, [conv, state])
             return (out, *cap.conv, *cap.state)
-        # the layer's weights are inputs, not constants: a model whose weights change in
-        # place (training, a reload into the same modules) is never run with stale ones
-        fn = fns[key] = mx.compile(body, inputs=gdn.state)
+        fn = fns[key] = mx.compile(body, inputs=module.state)
     res = fn(x, cache[0], cache[1])
     S = x.shape[1]
     capture = GDNCapture(conv=list(res[1:1 + S]), state=list(res[1 + S:]))
@@ -228,23 +236,12 @@ def linear_layer(layer, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
             not _dense(layer):
         r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache)
         return mlp_block(layer, x + r), cap
-    fns = layer.__dict__.setdefault("_mtpchat_layer", {})
-    key = (x.shape, x.dtype, cache[0].shape, cache[1].shape)
-    fn = fns.get(key)
-    if fn is None:
-        if len(fns) >= 64:  # shapes come from batch sizes and depths: a handful in practice
-            fns.clear()
 
-        def body(x, conv, state):
-            out, cap = _gdn_capture(gdn, layer.input_layernorm(x), [conv, state])
-            h = x + out
-            return (h + layer.mlp(layer.post_attention_layernorm(h)), *cap.conv, *cap.state)
-        fn = fns[key] = mx.compile(body, inputs=layer.state)  # weights: inputs, not constants
-    res = fn(x, cache[0], cache[1])
-    S = x.shape[1]
-    capture = GDNCapture(conv=list(res[1:1 + S]), state=list(res[1 + S:]))
-    cache[0], cache[1] = capture.conv[-1], capture.state[-1]
-    return res[0], capture
+    def whole(x, caches):
+        out, cap = _gdn_capture(gdn, layer.input_layernorm(x), caches)
+        h = x + out
+        return h + layer.mlp(layer.post_attention_layernorm(h)), cap
+    return _compiled_captured(layer, "_mtpchat_layer", whole, x, cache)
 
 
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
