@@ -13,11 +13,14 @@ model's, at temperature 0 and 0.7 / top-p 0.95 (``record_file`` wrote it).
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from pathlib import Path
 
 from engine.adaptive_sim import Workload
 from engine.resources import resources_dir
+
+log = logging.getLogger(__name__)
 
 
 def default_path() -> Path:
@@ -68,18 +71,22 @@ def conditional(traces: list) -> tuple[float, ...]:
 
 def workloads(path: Path | None = None) -> list[Workload]:
     """The recorded workloads in ``path`` (the demo model's by default); none when the file
-    is missing."""
+    is missing or unreadable (logged: the simulator runs its synthetic workloads alone)."""
     path = path or default_path()
     if not path.is_file():
         return []
-    data = json.loads(path.read_text())
-    out = []
-    for name, rec in data["workloads"].items():
-        recorded = {cls: tuple((tuple(c), int(n)) for c, n in traces)
-                    for cls, traces in rec["classes"].items()}
-        out.append(Workload(name, {cls: conditional(t) for cls, t in rec["classes"].items()},
-                            cost=tuple(rec["cost"]), recorded=recorded))
-    return out
+    try:
+        data = json.loads(path.read_text())
+        out = []
+        for name, rec in data["workloads"].items():
+            recorded = {cls: tuple((tuple(int(a) for a in c), int(n)) for c, n in traces)
+                        for cls, traces in rec["classes"].items()}
+            out.append(Workload(name, {c: conditional(t) for c, t in rec["classes"].items()},
+                                cost=tuple(float(c) for c in rec["cost"]), recorded=recorded))
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
+        log.warning("ignoring the recorded workloads in %s: %s", path, exc)
+        return []
 
 
 def record_file(path: Path, model, prompts: dict[str, list[str]]) -> None:

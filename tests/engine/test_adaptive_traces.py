@@ -51,6 +51,16 @@ def test_the_demo_recording_ships_and_loads():
     assert workloads(default_path().with_name("missing.json")) == []
 
 
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"workloads": {"x": {"cost": [1]}}}',
+                                  '{"workloads": {"x": {"classes": {"a": [[["y"], 3]]}, '
+                                  '"cost": [1.0, 2.0]}}}'])
+def test_a_broken_recording_is_ignored(tmp_path, caplog, text):
+    bad = tmp_path / "traces.json"
+    bad.write_text(text)
+    assert workloads(bad) == []
+    assert "ignoring the recorded workloads" in caplog.text
+
+
 def test_auto_on_the_recorded_workloads_is_reported(capsys):
     # what ``bench --simulate`` prints for them: a figure per class, no worse than the
     # shallowest speculative depth
