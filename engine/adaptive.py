@@ -22,9 +22,12 @@ controller keeps
 - t(d), the cycle time at depth d, as a *level* times a *profile*: the level follows how fast
   the machine runs right now (``LEVEL_GAIN`` per cycle; other load slows every depth alike),
   the profile is what depth d costs relative to it (a mean over ``cost_half_life`` of its
-  cycles). Residuals are clipped in log space (``CLIP``), so a GC pause or a compile moves
-  little. Depths timed fewer than twice come from a weighted least-squares line through the
-  timed ones.
+  cycles). Residuals are clipped in log space (``CLIP``), so a GC pause moves little; three
+  in a row beyond it on one side (``BREAK``) move the level at once (other load started). A
+  depth's first cycle in a controller's life may compile graphs (17.5 s against 20 ms on the
+  demo after loading): it is held back until the second, and the faster of the two counts.
+  Depths timed fewer than twice come from a weighted least-squares line through the timed
+  ones.
 
 score(d) = (1 + a1 + a1·a2 + … + a1·…·ad) / t(d) is the expected tokens per second; depth 0
 scores 1/t(0). After ``warmup`` cycles (a fixed schedule that visits every depth; none when
@@ -60,6 +63,7 @@ COST_SLOPE_PRIOR = 0.15  # c1 / c0 assumed while only one depth has been timed
 LEVEL_GAIN = 0.15  # share of a cycle's (clipped) surprise that moves the cost level
 CLIP = 0.3  # cycle-time residuals are clipped to ± this in log space (GC, compiles, ...)
 FIRST_CLIP = 1.0  # ... and to ± this for a depth's first timing against the fitted line
+BREAK = 3  # this many residuals in a row beyond CLIP, on one side, move the level at once
 COST_SPREAD = 0.1  # relative spread of one cycle time, for the optimistic cost
 OPTIMISM = 1.5  # standard errors: how much better a neighbour might be and still get probed
 SHIFT_HALF_LIFE = 3.0  # a fast mean per position watches for a shift within a reply...
@@ -226,10 +230,18 @@ class _Costs:
         self.level: float | None = None
         self.profile = [0.0] * (max_depth + 1)
         self.timed = [0.0] * (max_depth + 1)  # discounted count of timed cycles per depth
+        self.known = [False] * (max_depth + 1)  # timed twice (or loaded) in this life
+        self.first: list[float | None] = [None] * (max_depth + 1)  # a first timing, held
+        self.recent: list[float] = []  # the last residuals against the level, unclipped
         self._gamma, self._idle = _decay(half_life), _decay(idle_half_life)
 
     def observe(self, d: int, t: float) -> None:
         y = math.log(t)
+        if not self.known[d]:  # a depth's first cycle may compile its graphs (seconds, not
+            if self.first[d] is None:  # milliseconds): it is held back until the second,
+                self.first[d] = y
+                return
+            y, self.first[d], self.known[d] = min(y, self.first[d]), None, True  # the faster
         if self.level is None or self.timed[d] <= 0.5:
             guess = math.log(self.line()[d])
             if self.level is None:
@@ -237,12 +249,27 @@ class _Costs:
             # not timed (lately): this cycle sets the profile
             self.profile[d] = guess + _clip(y - self.level - guess, FIRST_CLIP)
         else:
-            r = _clip(y - self.level - self.profile[d], CLIP)
+            r = _clip(y - self.level - self.profile[d] - self._break(y - self.level
+                                                                     - self.profile[d]), CLIP)
             self.level += LEVEL_GAIN * r
             self.profile[d] += r / (self.timed[d] + 1.0)
         for e in range(len(self.timed)):
             self.timed[e] *= self._gamma if e == d else self._idle
         self.timed[d] += 1.0
+
+    def _break(self, residual: float) -> float:
+        """A level break: when the last ``BREAK`` residuals all lie beyond ``CLIP`` on one
+        side, the machine now runs at another speed (other load started or stopped, or the
+        level came from a slow start): the level moves by their median at once, instead of
+        ``LEVEL_GAIN`` x ``CLIP`` a cycle. Returns that move (0.0 when none)."""
+        self.recent = (self.recent + [residual])[-BREAK:]
+        if len(self.recent) < BREAK or not (all(r > CLIP for r in self.recent)
+                                            or all(r < -CLIP for r in self.recent)):
+            return 0.0
+        move = sorted(self.recent)[BREAK // 2]
+        self.level += move
+        self.recent = []
+        return move
 
     def line(self) -> list[float]:
         """Relative cost by depth from a weighted least-squares line through the timed ones."""
@@ -268,7 +295,7 @@ class _Costs:
         ref = min(costs.values())
         self.level = math.log(ref)
         for d, t in costs.items():
-            self.profile[d], self.timed[d] = math.log(t / ref), 2.0
+            self.profile[d], self.timed[d], self.known[d] = math.log(t / ref), 2.0, True
 
 
 def _fit(seen: list[tuple[int, float, float]]) -> tuple[float, float]:

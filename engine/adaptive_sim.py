@@ -8,8 +8,9 @@ draw in ``lengths``, cut at ``max_tokens``; the first token comes with the prefi
 ``engine.decode``). A cycle at depth d (clipped to the token budget left, as the decode loop
 clips it) accepts drafts position by position while a uniform draw falls below the table; it
 costs ``cost[d]``. What the controller is told differs from that cost as a real clock does:
-``±noise`` per cycle, a share ``spikes`` of cycles 2-4x slower (GC, compiles), and other load
-that every ~60 cycles slows everything by up to ``load``. The ``"mixed"`` class alternates the
+``±noise`` per cycle, a share ``spikes`` of cycles 2-4x slower (GC pauses), other load that
+every ~60 cycles slows everything by up to ``load``, and ``compiles``: a controller's first
+cycle, and its first at each depth, compile graphs and seem much slower. The ``"mixed"`` class alternates the
 classes reply by reply, like ``bench --mixed``.
 
 What it measures: tokens per second over all replies. Each cycle is credited with the tokens
@@ -50,6 +51,10 @@ class Workload:
     noise: float = 0.15  # cycle time ± this share (uniform), seen by the controller only
     spikes: float = 0.03  # this share of cycles seems 2-4x slower to it (GC, compiles)
     load: float = 0.25  # other load: every ~60 cycles everything runs up to this much slower
+    # compiles: a controller's first cycle seems this much slower (the process compiles the
+    # model's graphs: 17.5 s against 20 ms measured on the demo after loading), its first
+    # cycle at each other depth this much (that depth's verify shapes: 1.6-1.7x)
+    compiles: tuple[float, float] = (200.0, 1.7)
     spread: float = 0.08  # each reply's table: the class's ± this (uniform, all positions)
     lengths: tuple[int, int] = (24, 110)  # a reply's tokens (to its end of sequence), uniform
     # recorded replies by class (``engine.adaptive_traces``): (accepted drafts of each cycle
@@ -178,14 +183,17 @@ def _stats(d: int, accepted: int, t: float) -> CycleStats:
 
 
 def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 128,
-                seed: int = 0, out: Outcome | None = None) -> Outcome:
+                seed: int = 0, out: Outcome | None = None,
+                compiled: set | None = None) -> Outcome:
     """Decode ``replies`` with ``ctrl``, calling ``new_request()`` between them. A cycle's
     depth is clipped to the token budget left, as ``engine.decode`` clips it; drafts past the
     end of sequence are wasted (its credit counts only the tokens up to it). A recorded
     reply's cycle at depth d accepts ``min(a, d)`` drafts, ``a`` what the recorded cycle that
     started at the same place in the reply (or just before) accepted at the deepest depth,
-    and is credited with its tokens."""
+    and is credited with its tokens. ``compiled``: the depths this controller has run before
+    (their graphs are compiled); updated."""
     rng = random.Random(seed)
+    compiled = set() if compiled is None else compiled
     out = out or Outcome()
     slow = 1.0
     for i, reply in enumerate(replies):
@@ -203,6 +211,9 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             t = slow * w.cost[d] * (1 + w.noise * (2 * rng.random() - 1))
             if rng.random() < w.spikes:
                 t *= 2 + 2 * rng.random()
+            if d not in compiled:
+                t *= w.compiles[1 if compiled else 0]
+                compiled.add(d)
             ctrl.observe(_stats(d, accepted, t))
             gain = min(accepted + 1, left) if reply.trace else \
                 expected_tokens(p, min(d, left - 1))
@@ -268,12 +279,13 @@ def compare(w: Workload, cls: str, *, start: str = "cold", runs: int = 4, replie
     for r in range(runs):
         s = seed + 1000 * r
         tables = replies_for(w, cls, replies, random.Random(s))
-        ctrl = controller(w, start, s, factory)
+        ctrl, compiled = controller(w, start, s, factory), set()
         if start == "carried":
             before = replies_for(w, _other(w, cls), replies, random.Random(s + 1))
-            run_replies(ctrl, before, w, max_tokens=max_tokens, seed=s + 2)
+            run_replies(ctrl, before, w, max_tokens=max_tokens, seed=s + 2, compiled=compiled)
             ctrl.new_request()
-        run_replies(ctrl, tables, w, max_tokens=max_tokens, seed=s + 3, out=auto)
+        run_replies(ctrl, tables, w, max_tokens=max_tokens, seed=s + 3, out=auto,
+                    compiled=compiled)
         for d, o in fixed.items():
             run_replies(Fixed(d), tables, w, max_tokens=max_tokens, seed=s + 3, out=o)
     rates = {d: o.rate for d, o in fixed.items()}

@@ -87,3 +87,29 @@ def test_the_seed_is_what_the_tuner_would_save():
     assert AdaptiveDepth(4, initial=initial).warmup == 0  # a saved tuning skips the warm-up
     # nothing beats plain decoding: the tuner saves nothing, the controller starts cold
     assert sim.tuned_initial(WORKLOADS["dear-verify-T0.7"]) is None
+
+
+def test_a_controller_sees_its_first_cycles_compile():
+    # the controller's first cycle, and its first at each other depth, seem slower to it (as
+    # they are after loading a model); a carried controller's depths stay compiled
+    w = sim.Workload("flat", {"only": (0.9,) * 4}, noise=0.0, spikes=0.0, load=0.0,
+                     compiles=(200.0, 1.7))
+
+    class Clock(sim.Fixed):
+        def __init__(self, depths):
+            super().__init__(0)
+            self.depths, self.seen = iter(depths), []
+
+        def choose(self):
+            return next(self.depths), "fixed"
+
+        def observe(self, stats):
+            self.seen.append((stats.depth, stats.t_total))
+
+    clock, compiled = Clock([2, 2, 0, 0, 2]), set()  # nothing accepted: a token a cycle
+    sim.run_replies(clock, [sim.Reply((0.0,) * 4, 6)], w, max_tokens=20, compiled=compiled)
+    assert clock.seen == [(2, pytest.approx(200.0 * w.cost[2])), (2, w.cost[2]),
+                          (0, pytest.approx(1.7 * w.cost[0])), (0, w.cost[0]), (2, w.cost[2])]
+    again = Clock([0, 1])
+    sim.run_replies(again, [sim.Reply((0.0,) * 4, 3)], w, max_tokens=20, compiled=compiled)
+    assert again.seen == [(0, w.cost[0]), (1, pytest.approx(1.7 * w.cost[1]))]
