@@ -35,10 +35,10 @@ scores 1/t(0). After ``warmup`` cycles (a fixed schedule that visits every depth
 another depth scores more than ``margin`` better (hysteresis; ``ZERO_MARGIN`` times that to or
 from depth 0, where nothing is learnt about acceptance). Probes: at a rate epsilon
 (``explore``, decaying toward ``explore_min`` within a reply; at least ``ZERO_EXPLORE`` while
-the incumbent is depth 0), evenly spaced, it runs a neighbour of the incumbent for one cycle,
-but only a neighbour that could still beat the incumbent: its *optimistic* score (acceptance
-``OPTIMISM`` standard errors higher by the evidence behind it, cost as much lower by its timed
-cycles) must exceed the incumbent's score. A depth that is clearly worse is not probed until
+the incumbent is depth 0), evenly spaced, it runs a neighbour of the incumbent for one cycle
+(a depth two away when no neighbour qualifies), but only one that could still beat the
+incumbent: its *optimistic* score (acceptance ``OPTIMISM`` standard errors higher by the
+evidence behind it, cost as much lower by its timed cycles) must exceed the incumbent's score. A depth that is clearly worse is not probed until
 its evidence has faded.
 
 Exactness: the depth depends only on past cycles and the controller's own ``random.Random``
@@ -230,7 +230,7 @@ class _Costs:
         self.level: float | None = None
         self.profile = [0.0] * (max_depth + 1)
         self.timed = [0.0] * (max_depth + 1)  # discounted count of timed cycles per depth
-        self.known = [False] * (max_depth + 1)  # timed twice (or loaded) in this life
+        self.known = [False] * (max_depth + 1)  # timed twice in this controller's life
         self.first: list[float | None] = [None] * (max_depth + 1)  # a first timing, held
         self.recent: list[float] = []  # the last residuals against the level, unclipped
         self._gamma, self._idle = _decay(half_life), _decay(idle_half_life)
@@ -295,7 +295,7 @@ class _Costs:
         ref = min(costs.values())
         self.level = math.log(ref)
         for d, t in costs.items():
-            self.profile[d], self.timed[d], self.known[d] = math.log(t / ref), 2.0, True
+            self.profile[d], self.timed[d] = math.log(t / ref), 2.0
 
 
 def _fit(seen: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -408,12 +408,15 @@ class AdaptiveDepth:
         return self._incumbent, reason
 
     def _probe(self, incumbent_score: float, hopeful: list[float]) -> int | None:
-        """A neighbour of the incumbent to run for one cycle, among those whose optimistic
-        score beats the incumbent's score, or None. Probes are evenly spaced, at rate
-        epsilon, or faster when a neighbour might be much better (up to ``PROBE_MAX``)."""
+        """A depth to run for one cycle, or None: a neighbour of the incumbent whose
+        optimistic score beats the incumbent's score, else such a depth two away (cycle
+        costs need not grow evenly: on this CPU a 3-token verify costs far more than a
+        2-token one, so depth 2 can look worse than depths 1 and 3 alike). Probes are evenly spaced, at rate
+        epsilon."""
         d = self._incumbent
-        options = [n for n in (d - 1, d + 1)
-                   if 0 <= n <= self.max_depth and hopeful[n] > incumbent_score]
+        promising = [n for n in range(max(d - 2, 0), min(d + 2, self.max_depth) + 1)
+                     if n != d and hopeful[n] > incumbent_score]
+        options = [n for n in promising if abs(n - d) == 1] or promising
         if not options:
             return None
         self._credit += self.epsilon()

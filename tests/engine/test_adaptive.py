@@ -111,7 +111,7 @@ def test_switches_when_acceptance_shifts_mid_stream():
         assert share(own, 100, 300, good(ALL95)) > 0.9
         # acceptance collapses at cycle 300: down to depth 0 within 50 cycles, and it stays
         assert next(i for i, d in own if i >= 300 and d == 0) < 350
-        assert share(own, 350, 600, good(LOW)) > 0.85
+        assert share(own, 350, 600, good(LOW)) > 0.8  # seeds 0-39: median 0.98, least 0.83
         # and recovers at 600 (slower: at depth 0 only probes see acceptance)
         assert next(i for i, d in own if i >= 600 and d in good(ALL95)) < 720
         assert share(own, 720, 900, good(ALL95)) > 0.9
@@ -181,6 +181,27 @@ def test_a_first_cycle_that_compiles_does_not_set_the_costs():
     slow.observe(cycle_stats(1, 1, 0.015))
     slow.observe(cycle_stats(1, 1, 3.0))
     assert slow.costs()[1] == pytest.approx(0.015)
+
+
+def test_a_seeded_controller_holds_back_its_first_cycles_too():
+    init = {"acceptance": [0.9, 0.9], "cost": {"0": 0.010, "1": 0.015, "2": 0.020}, "depth": 2}
+    ctrl = AdaptiveDepth(2, seed=0, initial=init)
+    ctrl.observe(cycle_stats(2, 2, 3.0))  # the process compiles its graphs
+    ctrl.observe(cycle_stats(1, 1, 0.0255))  # a new verify shape: 1.7x
+    assert ctrl.costs() == pytest.approx([0.010, 0.015, 0.020])
+
+
+def test_a_depth_past_a_worse_neighbour_is_probed():
+    # depth 2 costs as much as depth 3 (a 3-token verify can cost far more than a 2-token
+    # one): from depth 1, the promising depth is 3, past a neighbour that cannot win
+    init = {"acceptance": [0.95, 0.95, 0.95], "cost": {"0": 0.010, "1": 0.014, "2": 0.025,
+                                                        "3": 0.0268}, "depth": 1}
+    ctrl = AdaptiveDepth(3, seed=0, explore=0.5, explore_min=0.5, initial=init)
+    ctrl._incumbent = 1
+    scores, hopeful = ctrl.scores(), ctrl.optimistic_scores()
+    assert hopeful[2] < scores[1] < hopeful[3]
+    probes = Counter(d for d, why in (ctrl.choose() for _ in range(20)) if why == "explore")
+    assert set(probes) == {3} and probes[3] >= 5
 
 
 def test_the_cost_level_follows_a_lasting_change_at_once():
