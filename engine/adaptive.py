@@ -38,8 +38,8 @@ from depth 0, where nothing is learnt about acceptance). Probes: at a rate epsil
 the incumbent is depth 0), evenly spaced, it runs a neighbour of the incumbent for one cycle
 (a depth two away when no neighbour qualifies), but only one that could still beat the
 incumbent: its *optimistic* score (acceptance ``OPTIMISM`` standard errors higher by the
-evidence behind it, cost as much lower by its timed cycles) must exceed the incumbent's score. A depth that is clearly worse is not probed until
-its evidence has faded.
+evidence behind it, cost as much lower by its timed cycles) must exceed the incumbent's score.
+A depth that is clearly worse is not probed until its evidence has faded.
 
 Exactness: the depth depends only on past cycles and the controller's own ``random.Random``
 (seeded), never on the sampler's random state, so every depth sequence decodes exactly.
@@ -411,8 +411,8 @@ class AdaptiveDepth:
         """A depth to run for one cycle, or None: a neighbour of the incumbent whose
         optimistic score beats the incumbent's score, else such a depth two away (cycle
         costs need not grow evenly: on this CPU a 3-token verify costs far more than a
-        2-token one, so depth 2 can look worse than depths 1 and 3 alike). Probes are evenly spaced, at rate
-        epsilon."""
+        2-token one, so depth 2 can look worse than depths 1 and 3 alike). Probes are evenly
+        spaced, at rate epsilon."""
         d = self._incumbent
         promising = [n for n in range(max(d - 2, 0), min(d + 2, self.max_depth) + 1)
                      if n != d and hopeful[n] > incumbent_score]
