@@ -18,16 +18,23 @@ controller keeps
   position's estimate is then its own evidence in this reply plus ``REPLY_PRIOR``
   pseudo-observations of that shifted rate. A fast mean per position watches for a shift within
   a reply: when it strays ``SHIFT_Z`` standard errors from the reply's older evidence, that
-  position restarts from the recent cycles and the deeper positions from the shifted long run;
+  position restarts from the recent cycles and the deeper positions from the shifted long run.
+  A reply's *opening* (its cycles that start before its ``OPENING``-th token) is learnt apart:
+  the demo's out-of-domain replies at T 0.7 accept ~1 draft of 4 in the cycles after the
+  first and ~3.3 from the 8th token on; taken as the reply's own evidence, that start sent the
+  controller shallow for the rest of the reply. Openings have their own long-run rates (shrunk
+  toward the body's, ``OPENING_PRIOR``), which the opening's cycles use; an opening counts
+  toward the reply's shift only against them (worse than openings usually are), never as
+  the body's own evidence;
 - t(d), the cycle time at depth d, as a *level* times a *profile*: the level follows how fast
   the machine runs right now (``LEVEL_GAIN`` per cycle; other load slows every depth alike),
   the profile is what depth d costs relative to it (a mean over ``cost_half_life`` of its
   cycles). Residuals are clipped in log space (``CLIP``), so a GC pause moves little; three
   in a row beyond it on one side (``BREAK``) move the level at once (other load started). A
   depth's first cycle in a controller's life may compile graphs (17.5 s against 20 ms on the
-  demo after loading): it is held back until the second, and the faster of the two counts.
-  Depths timed fewer than twice come from a weighted least-squares line through the timed
-  ones.
+  demo after loading): it is held back until the second, and the two count as two timings
+  (their mean, or the faster when they differ by more than ``CLIP``). Depths timed fewer than
+  twice come from a weighted least-squares line through the timed ones.
 
 score(d) = (1 + a1 + a1·a2 + … + a1·…·ad) / t(d) is the expected tokens per second; depth 0
 scores 1/t(0). After ``warmup`` cycles (a fixed schedule that visits every depth; none when
@@ -66,6 +73,8 @@ FIRST_CLIP = 1.0  # ... and to ± this for a depth's first timing against the fi
 BREAK = 3  # this many residuals in a row beyond CLIP, on one side, move the level at once
 COST_SPREAD = 0.1  # relative spread of one cycle time, for the optimistic cost
 OPTIMISM = 1.5  # standard errors: how much better a neighbour might be and still get probed
+OPENING = 8  # a reply's cycles that start before its 8th token (after the first) are its opening
+OPENING_PRIOR = 2.0  # pseudo-observations of the body's rate behind an opening rate
 SHIFT_HALF_LIFE = 3.0  # a fast mean per position watches for a shift within a reply...
 SHIFT_Z = 2.0  # ...and when it strays this many standard errors from the reply's, that restarts
 ZERO_MARGIN = 2.0  # switching to or from depth 0 takes this x margin
@@ -142,6 +151,9 @@ class _Acceptance:
         self.long = [_Discounted() for _ in range(depth)]
         self.reply = [_Discounted() for _ in range(depth)]
         self.fast = [_Discounted() for _ in range(depth)]
+        self.opening = [_Discounted() for _ in range(depth)]  # long-run, openings only
+        self.reply_open = [_Discounted() for _ in range(depth)]  # this reply's opening
+        self.tokens = 0  # the reply's tokens so far (after its first)
         self.shifts = 0  # how often a shift within a reply was detected
         self.priors: list[float | None] = [None] * depth
         self.prior = prior
@@ -149,7 +161,21 @@ class _Acceptance:
         self._idle, self._fast_gamma = _decay(idle_half_life), _decay(SHIFT_HALF_LIFE)
         self._long_idle = _decay(LONG_IDLE * idle_half_life) if LONG_IDLE > 0 else 1.0
 
+    @property
+    def in_opening(self) -> bool:
+        return self.tokens < OPENING
+
     def observe(self, reached: int, accepted: int) -> None:
+        opening = self.in_opening
+        self.tokens += accepted + 1
+        if opening:  # an opening is judged against openings, not taken as the reply's
+            for i, (long, reply) in enumerate(zip(self.opening, self.reply_open)):
+                if i >= reached:
+                    long.fade(self._long_idle if i > 0 else 1.0)
+                    continue
+                long.add(1.0 if i < accepted else 0.0, self._long_gamma)
+                reply.add(1.0 if i < accepted else 0.0, self._gamma)
+            return
         for i, (long, reply, fast) in enumerate(zip(self.long, self.reply, self.fast)):
             if i >= reached:
                 reply.fade(self._idle)
@@ -172,8 +198,9 @@ class _Acceptance:
         self.shifts += 1
 
     def new_request(self) -> None:
-        for ev in self.reply + self.fast:
+        for ev in self.reply + self.fast + self.reply_open:
             ev.fade(0.0)
+        self.tokens = 0
 
     def base(self) -> list[float]:
         """Long-run rates, shrunk toward their priors (``initial``'s rate for the position,
@@ -187,12 +214,17 @@ class _Acceptance:
             prior = PRIOR_DECAY * a
         return out
 
-    def shift(self, base: list[float]) -> float:
-        """The most likely log-odds shift of this reply against ``base``, under a Cauchy
-        prior of scale ``SHIFT_SD`` (small shifts are doubted, large ones believed), by
-        Newton steps from 0."""
-        seen = [(_logit(b), ev.total, ev.weight) for b, ev in zip(base, self.reply)
-                if ev.weight > 1e-6]
+    def opening_base(self, body: list[float]) -> list[float]:
+        """Long-run rates of openings, shrunk toward the body's (``OPENING_PRIOR``)."""
+        return [(ev.total + OPENING_PRIOR * b) / (ev.weight + OPENING_PRIOR)
+                for b, ev in zip(body, self.opening)]
+
+    def shift(self, base: list[float], opening: list[float]) -> float:
+        """The most likely log-odds shift of this reply against ``base`` (its opening
+        against ``opening``), under a Cauchy prior of scale ``SHIFT_SD`` (small shifts are
+        doubted, large ones believed), by Newton steps from 0."""
+        seen = [(_logit(b), ev.total, ev.weight) for b, ev in
+                zip(base + opening, self.reply + self.reply_open) if ev.weight > 1e-6]
         shift = 0.0
         for _ in range(6):
             spread = SHIFT_SD ** 2 + shift ** 2
@@ -210,10 +242,12 @@ class _Acceptance:
     def estimate(self, optimism: float = 0.0) -> tuple[list[float], list[float]]:
         """a_1..a_D for the current reply, and the same ``optimism`` standard errors higher
         (by the evidence behind each: the reply's own plus ``REPLY_PRIOR``)."""
-        base = self.base()
-        shift = self.shift(base)
+        body = self.base()
+        opening = self.opening_base(body)
+        shift = self.shift(body, opening)
+        base, own = (opening, self.reply_open) if self.in_opening else (body, self.reply)
         out, hopeful = [], []
-        for b, ev in zip(base, self.reply):
+        for b, ev in zip(base, own):
             p = _sigmoid(_logit(b) + shift)
             n = ev.weight + REPLY_PRIOR
             a = (ev.total + REPLY_PRIOR * p) / n
@@ -236,12 +270,13 @@ class _Costs:
         self._gamma, self._idle = _decay(half_life), _decay(idle_half_life)
 
     def observe(self, d: int, t: float) -> None:
-        y = math.log(t)
+        y, weight = math.log(t), 1.0
         if not self.known[d]:  # a depth's first cycle may compile its graphs (seconds, not
-            if self.first[d] is None:  # milliseconds): it is held back until the second,
-                self.first[d] = y
-                return
-            y, self.first[d], self.known[d] = min(y, self.first[d]), None, True  # the faster
+            if self.first[d] is None:  # milliseconds): it is held back until the second;
+                self.first[d] = y  # the two count as two timings: their mean, or the
+                return  # faster when they differ by more than CLIP
+            first, self.first[d], self.known[d], weight = self.first[d], None, True, 2.0
+            y = (y + first) / 2 if abs(y - first) <= CLIP else min(y, first)
         if self.level is None or self.timed[d] <= 0.5:
             guess = math.log(self.line()[d])
             if self.level is None:
@@ -255,7 +290,7 @@ class _Costs:
             self.profile[d] += r / (self.timed[d] + 1.0)
         for e in range(len(self.timed)):
             self.timed[e] *= self._gamma if e == d else self._idle
-        self.timed[d] += 1.0
+        self.timed[d] += weight
 
     def _break(self, residual: float) -> float:
         """A level break: when the last ``BREAK`` residuals all lie beyond ``CLIP`` on one

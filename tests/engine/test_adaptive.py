@@ -305,3 +305,38 @@ def test_costs_stay_positive_when_the_line_would_cross_zero():
     assert all(0.004 <= c <= 0.031 for c in costs), costs
     ctrl.observe(cycle_stats(0, 0, 0.008))  # depth 0 timed for the first time
     assert ctrl.costs()[3] == pytest.approx(0.010, rel=0.1), ctrl.costs()
+
+
+def _reply(ctrl, cycles) -> list[tuple[bool, list[float]]]:
+    """Feed one reply's cycles [(depth, accepted)]; returns (in the opening, acceptance)
+    as the controller saw them before each cycle."""
+    seen = []
+    for d, accepted in cycles:
+        seen.append((ctrl._acc.in_opening, ctrl.acceptance()))
+        ctrl.observe(cycle_stats(d, accepted, 0.01 + 0.002 * d))
+    ctrl.new_request()
+    return seen
+
+
+def test_hard_openings_are_learnt_apart_from_the_reply_body():
+    # the demo's out-of-domain replies at T 0.7: the cycles after the first accept ~1 of 4,
+    # from the 8th token on ~3.3; judged as the reply's own evidence, that hard start sent the
+    # controller shallow for the rest of the reply
+    hard_open = [(4, 4), (4, 0), (4, 1)] + [(4, 4)] * 12  # tokens 0-4, 5, 6-7, then the body
+    ctrl = AdaptiveDepth(4, seed=0, explore=0.0, explore_min=0.0)
+    for _ in range(12):
+        seen = _reply(ctrl, hard_open)
+    assert [o for o, _ in seen[:4]] == [True, True, True, False]
+    opening, body = seen[2][1], seen[3][1]
+    assert opening[1] < 0.7  # what openings do: the second draft is usually rejected
+    assert min(body) > 0.9  # the body, right after this reply's hard opening: not lowered
+    assert ctrl.choose()[0] == 4
+
+
+def test_an_opening_worse_than_usual_lowers_the_body():
+    ctrl = AdaptiveDepth(4, seed=0, explore=0.0, explore_min=0.0)
+    for _ in range(12):
+        _reply(ctrl, [(4, 3)] * 12)
+    usual = _reply(ctrl, [(4, 3)] * 3)[-1][1]  # an opening like the others...
+    worse = _reply(ctrl, [(2, 0)] * 8 + [(4, 3)])[-1][1]  # ...and one that rejects everything
+    assert worse[0] < usual[0] - 0.1
