@@ -165,8 +165,10 @@ class _Acceptance:
     def in_opening(self) -> bool:
         return self.tokens < OPENING
 
-    def observe(self, reached: int, accepted: int) -> None:
-        opening = self.in_opening
+    def observe(self, reached: int, accepted: int, position: int | None = None) -> None:
+        """One cycle that judged ``reached`` positions and accepted ``accepted`` drafts,
+        ``position`` tokens into its reply (after the first; None: this reply's count)."""
+        opening = self.in_opening if position is None else position < OPENING
         self.tokens += accepted + 1
         if opening:  # an opening is judged against openings, not taken as the reply's
             for i, (long, reply) in enumerate(zip(self.opening, self.reply_open)):
@@ -460,12 +462,15 @@ class AdaptiveDepth:
         self._credit -= 1.0
         return options[0] if len(options) == 1 else self._rng.choice(options)
 
-    def observe(self, stats: CycleStats, *, timed: bool = True) -> None:
+    def observe(self, stats: CycleStats, *, timed: bool = True,
+                position: int | None = None) -> None:
         """Learn from a finished cycle (its drafted length, accepted count and time).
         ``timed=False``: one row of a batched cycle; its acceptance only (the batch gives the
-        cycle's time once, ``observe_time``)."""
+        cycle's time once, ``observe_time``). ``position``: the tokens its reply had before it
+        (after the first), when the controller does not follow that reply alone (a batch's
+        rows share it); else the controller counts since ``new_request()``."""
         k = min(len(stats.drafted), self.max_depth)
-        self._acc.observe(min(stats.accepted + 1, k), stats.accepted)  # positions judged
+        self._acc.observe(min(stats.accepted + 1, k), stats.accepted, position)
         if timed:
             self.observe_time(k, stats.t_total)
 

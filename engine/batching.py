@@ -480,7 +480,8 @@ class BatchDecoder:
                 context_tokens=len(self.batch.fed[b]), depth_reason=c.reasons[b],
                 batch_rows=len(self.active), **times)
             if c.controller is not None and st.depth == "auto":
-                c.controller.observe(stats, timed=False)  # each auto row's acceptance
+                c.controller.observe(stats, timed=False,  # each auto row's acceptance, and
+                                     position=len(st.reply.generated) - 1)  # its opening
             ev = st.reply.emit(tokens, reason, stats=stats)
             st.x0 = extra
             if ev.finish_reason is not None:

@@ -340,3 +340,14 @@ def test_an_opening_worse_than_usual_lowers_the_body():
     usual = _reply(ctrl, [(4, 3)] * 3)[-1][1]  # an opening like the others...
     worse = _reply(ctrl, [(2, 0)] * 8 + [(4, 3)])[-1][1]  # ...and one that rejects everything
     assert worse[0] < usual[0] - 0.1
+
+
+def test_a_batch_row_brings_its_own_reply_position():
+    # a batch's rows share one controller: each row's cycle says where its reply is
+    ctrl = AdaptiveDepth(4, seed=0, explore=0.0, explore_min=0.0)
+    for _ in range(30):
+        ctrl.observe(cycle_stats(4, 4, 0.02), timed=False, position=50)
+        ctrl.observe(cycle_stats(4, 0, 0.02), timed=False, position=2)  # a new row's opening
+    assert not ctrl._acc.in_opening
+    assert min(ctrl.acceptance()) > 0.9  # the openings did not lower the body
+    assert ctrl._acc.opening_base(ctrl._acc.base())[0] < 0.2
