@@ -68,7 +68,7 @@ REPLY_PRIOR = 4.0  # pseudo-observations of the shifted long-run rate behind a r
 SHIFT_SD = 0.7  # prior scale (log-odds) of one reply's shift against the long run
 COST_SLOPE_PRIOR = 0.15  # c1 / c0 assumed while only one depth has been timed
 LEVEL_GAIN = 0.15  # share of a cycle's (clipped) surprise that moves the cost level
-CLIP = 0.3  # cycle-time residuals are clipped to ± this in log space (GC, compiles, ...)
+CLIP = 0.3  # cycle-time residuals are clipped to ± this in log space (GC pauses, ...)
 FIRST_CLIP = 1.0  # ... and to ± this for a depth's first timing against the fitted line
 BREAK = 3  # this many residuals in a row beyond CLIP, on one side, move the level at once
 COST_SPREAD = 0.1  # relative spread of one cycle time, for the optimistic cost
@@ -173,10 +173,12 @@ class _Acceptance:
         if opening:  # an opening is judged against openings, not taken as the reply's
             for i, (long, reply) in enumerate(zip(self.opening, self.reply_open)):
                 if i >= reached:
-                    long.fade(self._long_idle if i > 0 else 1.0)
+                    if i > 0:  # as the body's long-run rates: unseen ones drift back
+                        long.fade(self._long_idle)
                     continue
-                long.add(1.0 if i < accepted else 0.0, self._long_gamma)
-                reply.add(1.0 if i < accepted else 0.0, self._gamma)
+                x = 1.0 if i < accepted else 0.0
+                long.add(x, self._long_gamma)
+                reply.add(x, self._gamma)
             return
         for i, (long, reply, fast) in enumerate(zip(self.long, self.reply, self.fast)):
             if i >= reached:
@@ -286,8 +288,8 @@ class _Costs:
             # not timed (lately): this cycle sets the profile
             self.profile[d] = guess + _clip(y - self.level - guess, FIRST_CLIP)
         else:
-            r = _clip(y - self.level - self.profile[d] - self._break(y - self.level
-                                                                     - self.profile[d]), CLIP)
+            residual = y - self.level - self.profile[d]
+            r = _clip(residual - self._break(residual), CLIP)
             self.level += LEVEL_GAIN * r
             self.profile[d] += r / (self.timed[d] + 1.0)
         for e in range(len(self.timed)):

@@ -10,8 +10,8 @@ clips it) accepts drafts position by position while a uniform draw falls below t
 costs ``cost[d]``. What the controller is told differs from that cost as a real clock does:
 ``±noise`` per cycle, a share ``spikes`` of cycles 2-4x slower (GC pauses), other load that
 every ~60 cycles slows everything by up to ``load``, and ``compiles``: a controller's first
-cycle, and its first at each depth, compile graphs and seem much slower. The ``"mixed"`` class alternates the
-classes reply by reply, like ``bench --mixed``.
+cycle, and its first at each depth, compile graphs and seem much slower. The ``"mixed"`` class
+alternates the classes reply by reply, like ``bench --mixed``.
 
 What it measures: tokens per second over all replies. Each cycle is credited with the tokens
 it is expected to produce at its depth (up to the reply's end: drafts past it are wasted) and
@@ -49,7 +49,7 @@ class Workload:
     classes: dict[str, tuple[float, ...]]
     cost: tuple[float, ...] = DEMO_COST
     noise: float = 0.15  # cycle time ± this share (uniform), seen by the controller only
-    spikes: float = 0.03  # this share of cycles seems 2-4x slower to it (GC, compiles)
+    spikes: float = 0.03  # this share of cycles seems 2-4x slower to it (GC pauses)
     load: float = 0.25  # other load: every ~60 cycles everything runs up to this much slower
     # compiles: a controller's first cycle seems this much slower (the process compiles the
     # model's graphs: 17.5 s against 20 ms measured on the demo after loading), its first
