@@ -102,7 +102,14 @@ def test_rollback_state_matches_fresh_decode(tiny_model, depth):
         if x_next is None:
             continue
         fresh_logits, fresh_draft = _fresh_logits_and_mtp(tiny_model, live.fed, x_next)
-        np.testing.assert_allclose(np.array(live.last_logits), np.array(fresh_logits), atol=1e-4)
+        want = np.array(fresh_logits)
+        # float32 (eps 1.2e-7) rounding: a verify forward over k+1 tokens and a fresh prefill
+        # sum the same products in other orders (OpenBLAS picks its kernels by shape), and
+        # the differences grow with the logits' scale: 1.1e-4 at a logit of ~1.6 on one
+        # machine, under 1e-4 on another. 2e-4 of the scale, as test_batching allows; a wrong
+        # KV/GDN/conv state differs by O(scale) and changes the draft checked exactly below
+        np.testing.assert_allclose(np.array(live.last_logits), want,
+                                   atol=2e-4 * np.abs(want).max())
         live_draft = draft_one(live, x_next)
         assert live_draft.tolist() == fresh_draft.tolist()
         assert live.mtp_rows == len(live.fed)  # one row per committed pair + step-1 + probe
