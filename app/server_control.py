@@ -6,8 +6,9 @@ The chat's replies and the server's requests queue in the same FIFO (the worker'
 a cancel from any client ends its request within one cycle.
 
 Pieces (logic apart from widgets, as in the rest of the app):
-- ``ServerSettings``: the preference (on at start, port, optional API key), stored as the
-  ``local_server`` app setting.
+- ``ServerSettings``: the preference (on at start, port, optional API key, web origins
+  allowed to call it from a browser; none by default), stored as the ``local_server`` app
+  setting. The server refuses every other web page (``engine.server.guard``).
 - ``ServerControl`` (QObject, GUI thread): starts and stops ``engine.server.runner.Server``
   over ``worker.scheduler``; follows the ``LoadedModel`` (starts once a model is loaded,
   serves the next one after a switch, cancels its requests when a load begins); ``changed()`` whenever ``state`` / ``error`` / ``requests``
@@ -49,6 +50,7 @@ class ServerSettings:
     enabled: bool = False   # serve whenever a model is loaded (also at the next start)
     port: int = 8080
     api_key: str = ""
+    allow_origins: tuple[str, ...] = ()  # browser front-ends (CORS), e.g. http://localhost:3000
 
     @classmethod
     def from_dict(cls, d: dict | None) -> ServerSettings:
@@ -57,9 +59,13 @@ class ServerSettings:
             port = int(d.get("port", 8080))
         except (TypeError, ValueError):
             port = 8080
+        from engine.server.guard import parse_origins
+
+        origins = d.get("allow_origins")
         return cls(enabled=bool(d.get("enabled", False)),
                    port=port if 1 <= port <= 65535 else 8080,
-                   api_key=str(d.get("api_key") or ""))
+                   api_key=str(d.get("api_key") or ""),
+                   allow_origins=parse_origins(origins if isinstance(origins, list) else ()))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +136,9 @@ class ServerControl(QObject):
         old = self.settings
         self._save(settings)
         running = self.server is not None
-        if running and (settings.port, settings.api_key) != (old.port, old.api_key):
+        moved = (settings.port, settings.api_key, settings.allow_origins) != \
+            (old.port, old.api_key, old.allow_origins)
+        if running and moved:
             self._stop(drain_s=0.0, wait=True)
         if settings.enabled and self.server is None:
             self._start()
@@ -161,12 +169,15 @@ class ServerControl(QObject):
         if self.model.info is None:
             self._set_state("waiting")
             return
+        from engine.server.guard import Perimeter
         from engine.server.runner import Server, ServerStartError
 
         try:
             self.server = Server(self.worker.scheduler, host=HOST, port=self.settings.port,
                                  api_key=self.settings.api_key or None, shared=True,
-                                 drain_s=DRAIN_S).start(timeout=15)
+                                 drain_s=DRAIN_S, perimeter=Perimeter(
+                                     allow_origins=self.settings.allow_origins)
+                                 ).start(timeout=15)
         except Exception as exc:  # noqa: BLE001 - nothing escapes a slot; the bar says why
             if not isinstance(exc, (ServerStartError, OSError, ValueError)):
                 log.exception("the local server did not start")
@@ -277,7 +288,7 @@ class ServerIndicator(QWidget):
 
 
 class ServerDialog(QDialog):
-    """Server › Server Settings…: port, API key, on at start."""
+    """Server › Server Settings…: port, API key, allowed web origins, on at start."""
 
     def __init__(self, settings: ServerSettings, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -299,9 +310,14 @@ class ServerDialog(QDialog):
         self.api_key.setPlaceholderText("optional: clients must then send it")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.api_key.setAccessibleName("API key")
+        self.origins = QLineEdit(", ".join(settings.allow_origins), self)
+        self.origins.setPlaceholderText("none: web pages may not call it (e.g. "
+                                        "http://localhost:3000 for Open WebUI)")
+        self.origins.setAccessibleName("Allowed web origins")
         form.addRow("Local server", self.enabled)
         form.addRow("Port", self.port)
         form.addRow("API key", self.api_key)
+        form.addRow("Allowed web origins", self.origins)
         lay.addLayout(form)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel, self)
@@ -310,8 +326,11 @@ class ServerDialog(QDialog):
         lay.addWidget(buttons)
 
     def settings(self) -> ServerSettings:
+        from engine.server.guard import parse_origins
+
         return ServerSettings(enabled=self.enabled.isChecked(), port=self.port.value(),
-                              api_key=self.api_key.text().strip())
+                              api_key=self.api_key.text().strip(),
+                              allow_origins=parse_origins([self.origins.text()]))
 
 
 def install(window: QMainWindow, control: ServerControl) -> ServerIndicator:

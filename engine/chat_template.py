@@ -297,15 +297,23 @@ def apply(tokenizer, messages: list[dict], *, limits: Limits = DEFAULT_LIMITS, *
 
 def chat_ids(tokenizer, messages: list[dict], *, enable_thinking: bool | None = None,
              supports_thinking: bool = True, add_generation_prompt: bool = True,
-             tools: list[dict] | None = None, limits: Limits = DEFAULT_LIMITS) -> list[int]:
-    """Token ids of ``messages`` rendered by the model's chat template (within ``limits``)."""
+             tools: list[dict] | None = None, limits: Limits = DEFAULT_LIMITS,
+             max_tokens: int | None = None, context: int | None = None) -> list[int]:
+    """Token ids of ``messages`` rendered by the model's chat template (within ``limits``).
+
+    The text is rendered, then tokenized as ``apply_chat_template(tokenize=True)`` does
+    (no special tokens added) but in bounded memory: with ``max_tokens`` a longer prompt
+    raises ``PromptTooLongError`` before it is tokenized whole
+    (``engine.prompt_limits.encode_bounded``; ``context`` words the error)."""
+    from engine.prompt_limits import encode_bounded
+
     kwargs: dict = {}
     if enable_thinking is not None and supports_thinking:
         kwargs["enable_thinking"] = enable_thinking
     if tools is not None:
         kwargs["tools"] = tools
-    out = apply(tokenizer, messages, limits=limits, add_generation_prompt=add_generation_prompt,
-                tokenize=True, **kwargs)
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    return list(out)
+    text = apply(tokenizer, messages, limits=limits, add_generation_prompt=add_generation_prompt,
+                 tokenize=False, **kwargs)
+    if not isinstance(text, str):
+        raise GenerationError("This model's chat template did not render text.")
+    return encode_bounded(tokenizer, text, limit=max_tokens, context=context)

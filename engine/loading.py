@@ -78,15 +78,27 @@ def load_tokenizer(folder: Path):
 
 
 def eos_ids(folder: Path, cfg: ModelConfig, tokenizer) -> tuple[int, ...]:
+    """The end-of-sequence ids the configs and the tokenizer name. Each must be a token of
+    both the model (``vocab_size``) and the tokenizer (``ModelLoadError`` naming the field
+    otherwise: a wrong one would never end a reply, and structured output cannot start)."""
     ids: list[int] = []
     gen_path = folder / "generation_config.json"
-    sources = [read_json(gen_path, "generation_config.json")] if gen_path.exists() else []
-    sources += [cfg.text, cfg.raw]
-    for src in sources:
+    sources = [("generation_config.json", read_json(gen_path, "generation_config.json"))] \
+        if gen_path.exists() else []
+    sources += [("config.json", cfg.text), ("config.json", cfg.raw)]
+    sources.append(("the tokenizer's eos_token", {"eos_token_id": tokenizer.eos_token_id}))
+    limit = min(int(cfg.text["vocab_size"]), len(tokenizer))
+    for where, src in sources:
         e = src.get("eos_token_id")
         for i in (e if isinstance(e, list) else [e]):
-            if isinstance(i, int) and not isinstance(i, bool) and 0 <= i and i not in ids:
+            if i is None:
+                continue
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < limit:
+                raise ModelLoadError(
+                    f"{where}: eos_token_id {i!r} is not a token of this model (an integer "
+                    f"from 0 to {limit - 1}: vocab_size {cfg.text['vocab_size']}, "
+                    f"{len(tokenizer)} tokens in the tokenizer). Fix the config or "
+                    "re-download the model.")
+            if i not in ids:
                 ids.append(i)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
     return tuple(ids)

@@ -43,6 +43,8 @@ class Model:
         self.depth_controller: AdaptiveDepth | None = None
         # the auto rows' controllers of batches of 2+ streams, by batch size (engine.batching)
         self.batch_controllers: dict[int, AdaptiveDepth] = {}
+        self._kv_bytes: int | None = None
+        self._prompt_view: PromptView | None = None
 
     @property
     def text_model(self):
@@ -55,7 +57,24 @@ class Model:
 
         return chat_ids(self.tokenizer, messages, enable_thinking=enable_thinking,
                         supports_thinking=self.info.supports_thinking,
-                        add_generation_prompt=add_generation_prompt)
+                        add_generation_prompt=add_generation_prompt,
+                        max_tokens=self.prompt_limit(), context=self.info.context_length)
+
+    def prompt_limit(self) -> int:
+        """The most prompt tokens a reply can start from now: the context less one, and
+        what the memory available holds of the caches (``engine.prompt_limits``)."""
+        from engine.prompt_limits import kv_bytes_per_token, prompt_limit
+
+        if self._kv_bytes is None:
+            self._kv_bytes = kv_bytes_per_token(self.trunk)
+        return prompt_limit(self.info.context_length, self._kv_bytes)
+
+    def prompt_view(self) -> PromptView:
+        """What request threads render and tokenize with while this model decodes on its
+        own thread (made once; see ``PromptView``)."""
+        if self._prompt_view is None:
+            self._prompt_view = PromptView(self)
+        return self._prompt_view
 
     def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
                  sampling: SamplingParams | None = None, seed: int | None = None,
@@ -74,6 +93,34 @@ class Model:
 
     def reset_prompt_cache(self) -> None:
         self.prompt_cache = PromptCache()
+
+
+class PromptView:
+    """A model as prompt rendering sees it, for threads other than the one decoding: the
+    same ``info``, ``chat_ids`` and ``prompt_limit``, but its own copy of the tokenizer, so
+    rendering and tokenizing a long request never waits for a decode step, nor a decode
+    step for it (the worker detokenizes with the model's own). ``lock`` serialises the
+    threads that use this copy (``Scheduler.with_tokenizer`` holds it)."""
+
+    def __init__(self, model: Model) -> None:
+        import copy
+
+        self.info = model.info
+        self.tokenizer = copy.deepcopy(model.tokenizer)
+        self.lock = threading.Lock()
+        self._model = model
+
+    def prompt_limit(self) -> int:
+        return self._model.prompt_limit()
+
+    def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                 add_generation_prompt: bool = True) -> list[int]:
+        from engine.chat_template import chat_ids
+
+        return chat_ids(self.tokenizer, messages, enable_thinking=enable_thinking,
+                        supports_thinking=self.info.supports_thinking,
+                        add_generation_prompt=add_generation_prompt,
+                        max_tokens=self.prompt_limit(), context=self.info.context_length)
 
 
 def load(path: str | Path, *, dtype: str | None = None) -> Model:

@@ -35,11 +35,22 @@ def add_arguments(p) -> None:
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], type=_stop,
+                   help="stop string (repeatable; not empty)")
     p.add_argument("--draft-mode", choices=DRAFT_MODES, default="filtered",
                    help="how the MTP head drafts at temperature > 0 (all exact): the target's "
                         "filters (default), softmax only, or its argmax")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
+
+
+def _stop(text: str) -> str:
+    """An argparse type: a stop string, which cannot be empty (it would match at once; the
+    server refuses one too)."""
+    if not text:
+        import argparse
+
+        raise argparse.ArgumentTypeError("a stop string cannot be empty")
+    return text
 
 
 def parse_depth(s: str):

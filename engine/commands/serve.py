@@ -4,7 +4,9 @@ Loads the model on the scheduler's worker thread, prints one line ``Serving MODE
 to stdout once it listens (``--json``: one JSON object with ``url`` and ``model``), and runs
 until SIGINT/SIGTERM, which drains (in-flight replies get ``--drain-seconds`` to finish, then
 are cancelled and end with their final event) and exits 0. A non-loopback ``--host`` without
-``--api-key`` exits 2 before anything loads.
+``--api-key`` exits 2 before anything loads. ``--max-body-mb``, ``--allow-origin`` (and
+``MTPCHAT_ORIGINS``) and ``--max-connections`` set the perimeter (``engine.server.guard``,
+``engine.server.connections``).
 """
 from __future__ import annotations
 
@@ -46,6 +48,19 @@ def _streams(text: str) -> int:
     return n
 
 
+def _positive(text: str) -> float:
+    """An argparse type: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
+    return value
+
+
 def add_arguments(p) -> None:
     from engine.commands.generate import add_model_arguments
 
@@ -63,6 +78,15 @@ def add_arguments(p) -> None:
                    "together in one batch (1 = one at a time; default %d)" % _default_streams())
     p.add_argument("--drain-seconds", type=float, default=10.0, help="on Ctrl+C, how long "
                    "in-flight replies may run before they are cancelled (default 10)")
+    p.add_argument("--max-body-mb", type=_positive, default=32.0, help="largest request body "
+                   "in MiB; larger ones get 413 without being read (default 32)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin allowed to call the server from a browser (CORS), "
+                   "e.g. http://localhost:3000; repeatable; '*' allows every page. Also read "
+                   "from MTPCHAT_ORIGINS (comma-separated). Default: none")
+    p.add_argument("--max-connections", type=int, default=512, help="open connections at "
+                   "most (idle ones are closed first; lowered to fit the file-descriptor "
+                   "limit; default 512)")
 
 
 def _resolve_model(name: str | None) -> str:
@@ -85,7 +109,10 @@ def _resolve_model(name: str | None) -> str:
 
 
 def run(args) -> int:
+    import os
+
     from engine.commands.generate import parse_depth
+    from engine.server.guard import ORIGINS_ENV, Perimeter, parse_origins
     from engine.server.runner import Server, is_loopback
     from engine.server.scheduler import Scheduler
 
@@ -97,6 +124,12 @@ def run(args) -> int:
     if args.max_queue < 0:
         print("error: --max-queue must be >= 0", file=sys.stderr)
         return 2
+    if args.max_connections < 1:
+        print("error: --max-connections must be >= 1", file=sys.stderr)
+        return 2
+    perimeter = Perimeter(max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                          allow_origins=parse_origins([*args.allow_origin,
+                                                       os.environ.get(ORIGINS_ENV, "")]))
     depth = parse_depth(args.depth)
     path = _resolve_model(args.model)
 
@@ -108,7 +141,8 @@ def run(args) -> int:
     streams = args.max_streams or _default_streams()
     scheduler = Scheduler(loader=load, max_queue=args.max_queue, max_streams=streams).start()
     server = Server(scheduler, host=args.host, port=args.port, api_key=args.api_key,
-                    default_depth=depth, drain_s=args.drain_seconds)
+                    default_depth=depth, drain_s=args.drain_seconds, perimeter=perimeter,
+                    max_connections=args.max_connections)
     _announce_when_started(server, args.json)
     server.serve()
     scheduler.stop(timeout=5)

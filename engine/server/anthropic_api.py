@@ -12,6 +12,10 @@ Contract (SERVER.md; otherwise what the official ``anthropic`` client expects):
   ``input_json_delta``) / ``content_block_stop``, then ``message_delta`` (``stop_reason``:
   ``end_turn``, ``max_tokens``, ``stop_sequence``, ``tool_use``; output usage; the ``mtp``
   stats) and ``message_stop``.
+- Text must be text: ``system``, text blocks and ``tool_result`` content that are not strings
+  (or text blocks) are a 400 naming the field; an image is a 400 wherever it is, a
+  ``tool_result`` included. A reply that does not finish (the grammar failed, the server
+  cancelled it on a drain) is an error (a stream: ``event: error``), never ``end_turn``.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from starlette.responses import JSONResponse
 from engine.server import sse
 from engine.server.common import Backend, Generation, mtp_headers, mtp_stats, new_id
 from engine.server.errors import bad_request
-from engine.server.openai_api import gen_request, read_json, response_format_of
+from engine.server.openai_api import constraint_of, gen_request, read_json
 from engine.server.reply import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
 from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
@@ -42,23 +46,43 @@ def _blocks(content, where: str) -> list[dict]:
     return content
 
 
-def _result_text(content) -> str:
+def _text(block: dict, where: str, key: str = "text") -> str:
+    value = block.get(key, "")
+    if not isinstance(value, str):
+        raise bad_request(f"{where}: {key} must be a string, not {type(value).__name__}",
+                          "messages" if where.startswith("messages") else "system")
+    return value
+
+
+def _result_text(content, where: str) -> str:
+    """``system`` or a ``tool_result``'s content: a string or a list of text blocks."""
+    param = "messages" if where.startswith("messages") else "system"
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of text blocks, not "
+                          f"{type(content).__name__}", param)
+    parts = []
+    for i, b in enumerate(content):
+        kind = b.get("type", "text") if isinstance(b, dict) else type(b).__name__
+        if kind != "text":
+            raise bad_request(f"{where}[{i}]: {kind!r} blocks are not supported (text only)",
+                              param)
+        parts.append(_text(b, f"{where}[{i}]"))
+    return "".join(parts)
 
 
 def _user(blocks: list[dict], where: str) -> list[dict]:
     out, text = [], []
-    for b in blocks:
+    for j, b in enumerate(blocks):
         kind = b["type"]
         if kind == "tool_result":
             out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                        "content": _result_text(b.get("content"))})
+                        "content": _result_text(b.get("content"), f"{where}.content[{j}].content")})
         elif kind == "text":
-            text.append(str(b.get("text", "")))
+            text.append(_text(b, where))
         else:
             raise bad_request(f"{where}: {kind!r} blocks are not supported (text only)",
                               "messages")
@@ -67,16 +91,19 @@ def _user(blocks: list[dict], where: str) -> list[dict]:
     return out
 
 
-def _assistant(blocks: list[dict]) -> dict:
+def _assistant(blocks: list[dict], where: str) -> dict:
     msg: dict = {"role": "assistant", "content": ""}
     calls = []
     for b in blocks:
         kind = b["type"]
         if kind == "text":
-            msg["content"] += str(b.get("text", ""))
+            msg["content"] += _text(b, where)
         elif kind == "thinking":
-            msg["reasoning_content"] = msg.get("reasoning_content", "") + str(b.get("thinking", ""))
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + _text(b, where, "thinking")
         elif kind == "tool_use":
+            if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
+                raise bad_request(f"{where}: a tool_use block needs a name (string) and an "
+                                  "input (object)", "messages")
             calls.append({"id": b.get("id"), "type": "function",
                           "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
     if calls:
@@ -87,8 +114,9 @@ def _assistant(blocks: list[dict]) -> dict:
 def template_messages(body: dict) -> list[dict]:
     out: list[dict] = []
     system = body.get("system")
+    text = _result_text(system, "system")
     if system:
-        out.append({"role": "system", "content": _result_text(system)})
+        out.append({"role": "system", "content": text})
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
@@ -98,7 +126,7 @@ def template_messages(body: dict) -> list[dict]:
         if role not in ("user", "assistant"):
             raise bad_request(f"{where}: role must be user or assistant", "messages")
         blocks = _blocks(m.get("content"), where)
-        out.extend(_user(blocks, where) if role == "user" else [_assistant(blocks)])
+        out.extend(_user(blocks, where) if role == "user" else [_assistant(blocks, where)])
     return out
 
 
@@ -147,13 +175,28 @@ async def count_tokens(request: Request) -> JSONResponse:
     return JSONResponse({"input_tokens": len(ids)})
 
 
+def _format_of(body: dict) -> tuple[dict, str]:
+    """Where the request's structured output is: ``output_config.format`` (the current SDK's
+    ``messages.parse``) or the older top-level ``output_format``; as (body, key) for
+    ``constraint_of``."""
+    config = body.get("output_config")
+    if config is None:
+        return body, "output_format"
+    if not isinstance(config, dict):
+        raise bad_request("output_config must be an object", "output_config")
+    if config.get("format") is None:
+        return body, "output_format"
+    return {"output_config.format": config["format"]}, "output_config.format"
+
+
 async def messages(request: Request):
     backend: Backend = request.app.state.backend
     body = await read_json(request)
     model = backend.resolve_model(body.get("model"))
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens: field required", "max_tokens")
-    fmt = response_format_of(body, "output_format")
+    template_messages(body)  # a malformed request is a 400 before any schema compiles
+    fmt = await constraint_of(backend, *_format_of(body))
     ids, opened, tools = await _prepare(backend, body, thinking_off=fmt is not None)
     req = replace(gen_request(backend, body, ids, stop_key="stop_sequences", max_temperature=1.0),
                   response_format=fmt)
@@ -163,7 +206,7 @@ async def messages(request: Request):
     await gen.start(request)
     meta = {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model}
     if body.get("stream"):
-        return sse.stream(gen, _stream(backend, gen, parser, meta))
+        return sse.stream(gen, _stream(backend, gen, parser, meta), error=sse.anthropic_error)
     return await _once(request, backend, gen, parser, meta)
 
 

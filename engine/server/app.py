@@ -1,7 +1,9 @@
 """The ASGI app (Starlette): routes of both APIs, API-key checks and error rendering.
 
-Contract: ``build_app(backend)`` returns a Starlette app serving ``backend`` (see
-``engine.server.common.Backend``). With ``backend.api_key`` set, every request must carry
+Contract: ``build_app(backend, perimeter=...)`` returns a Starlette app serving ``backend``
+(see ``engine.server.common.Backend``). Every request first passes the perimeter
+(``engine.server.guard``: Host, Origin/CORS, ``application/json`` bodies, body size), then
+the API-key check. With ``backend.api_key`` set, every request must carry
 it as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (401 otherwise). Errors render in
 the shape of the API the path belongs to: Anthropic's for ``/v1/messages…``, OpenAI's for
 everything else. An unexpected exception is a 500 and the server keeps serving.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections import Counter
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from engine.server import anthropic_api, openai_api
 from engine.server.common import Backend
 from engine.server.errors import ApiError
+from engine.server.guard import Perimeter, PerimeterMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +78,14 @@ class ApiKeyMiddleware:
 
 async def health(request: Request) -> JSONResponse:
     backend: Backend = request.app.state.backend
+    refused = request.app.state.refused
     return JSONResponse({"status": "ok", "model": backend.model_id,
-                         "busy": backend.scheduler.busy})
+                         "busy": backend.scheduler.busy,
+                         "completed": backend.scheduler.completed,
+                         "refused": {str(k): v for k, v in sorted(refused.items())}})
 
 
-def build_app(backend: Backend) -> Starlette:
+def build_app(backend: Backend, perimeter: Perimeter | None = None) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
@@ -93,4 +100,8 @@ def build_app(backend: Backend) -> Starlette:
     app.state.backend = backend
     if backend.api_key:
         app.add_middleware(ApiKeyMiddleware, key=backend.api_key)
+    # added last, so it runs first: preflights and refusals need no key
+    app.state.refused = Counter()  # refusals of the perimeter by status, shown by /health
+    app.add_middleware(PerimeterMiddleware, perimeter=perimeter or Perimeter(),
+                       refused=app.state.refused)
     return app

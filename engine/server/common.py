@@ -12,12 +12,18 @@ Contract:
   bad depth) become 4xx responses before any byte is sent; a full queue raises 429 with
   ``Retry-After``. While waiting it watches for the client going away and cancels then.
   ``gen.close()`` cancels the generation if it has not finished (call it in ``finally``).
+  A client that goes away raises ``ClientGone`` (an ``ApiError``: no traceback, one info
+  line). A reply that ends without finishing raises ``ApiError`` from ``events()`` instead of
+  ending like a finished one: the grammar failed mid-reply (400, ``engine.grammar``), or the
+  server cancelled it (503: it is draining or changed models).
 - ``mtp_stats(summary, depth)`` / ``mtp_headers(...)``: the ``"mtp"`` extension object and
   ``x-mtp-*`` headers, all figures from ``engine.summary.ReplySummary``.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,11 +31,15 @@ from dataclasses import dataclass, field
 
 from concurrent.futures import ThreadPoolExecutor
 
+from engine.errors import PromptTooLongError
 from engine.server.errors import ApiError, bad_request, from_engine_error
 from engine.server.scheduler import (
     Done, Failed, GenRequest, QueueFull, Scheduler, SchedulerClosed, Started)
 from engine.summary import ReplySummary
 from engine.types import MAX_DEPTH, Depth, Event, ModelInfo, SamplingParams
+
+log = logging.getLogger(__name__)
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
@@ -72,6 +82,8 @@ class Backend:
             return await loop.run_in_executor(self.executor, self.scheduler.with_tokenizer, fn)
         except ApiError:
             raise
+        except PromptTooLongError as exc:
+            raise from_engine_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - jinja/tokenizer errors name the problem
             raise bad_request(f"The prompt could not be rendered: {exc}") from None
 
@@ -101,6 +113,8 @@ def number(body: dict, key: str, default, *, lo=None, hi=None, integer: bool = F
     ok_type = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_type):
         raise bad_request(f"{key} must be {'an integer' if integer else 'a number'}", key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"{key} must be a finite number, not {value}", key)
     if (lo is not None and (value < lo or (lo_open and value == lo))) or \
             (hi is not None and value > hi):
         span = f"{'(' if lo_open else '['}{lo}, {hi}]"
@@ -136,8 +150,12 @@ def seed_of(body: dict) -> int | None:
 
 # ---------------------------------------------------------------------- worker -> loop bridge
 
-class ClientGone(Exception):
-    """The client disconnected; its generation was cancelled."""
+class ClientGone(ApiError):
+    """The client disconnected; its generation was cancelled. An ``ApiError`` so the app
+    answers it (to nobody) without logging a crash; 499 is nginx's "client closed request"."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the connection.")
 
 
 class Generation:
@@ -174,6 +192,8 @@ class Generation:
                     self.first = item
         finally:
             watcher.cancel()
+        if self.first.finish_reason == "cancelled":  # cancelled while queued: nothing to send
+            raise self._cancelled()
         return self.first
 
     async def events(self, request=None) -> AsyncIterator[Event]:
@@ -188,10 +208,33 @@ class Generation:
                     yield item
                 elif isinstance(item, Done):
                     self.summary, self.finished = item.summary, True
+                    self._check_end()
                     return
         finally:
             if watcher is not None:
                 watcher.cancel()
+
+    def _check_end(self) -> None:
+        """Raise for a reply that ended without finishing (see the module docstring)."""
+        error = getattr(self.req.response_format, "error", None)
+        if error is not None:
+            log.info("request %s: the grammar failed mid-reply: %s", self.req.id, error)
+            raise ApiError(400, f"The reply could not follow the JSON schema (the grammar "
+                                f"failed after {self.summary.tokens} tokens: {error}). "
+                                "Simplify the schema.", code="grammar_failed",
+                           param="response_format")
+        if self.summary.finish_reason == "cancelled":
+            raise self._cancelled()
+
+    def _cancelled(self) -> ApiError:
+        """The server cancelled the reply (our own ``close`` never gets this far)."""
+        tokens = self.summary.tokens if self.summary else 0
+        why = ("it is shutting down" if not self.backend.accepting
+               else "its model was changed or unloaded")
+        log.info("request %s: cancelled by the server (%s) after %d tokens",
+                 self.req.id, why, tokens)
+        return ApiError(503, f"The server cancelled the reply after {tokens} tokens: {why}.",
+                        code="cancelled")
 
     async def _next(self, watcher):
         if watcher is None:
@@ -202,6 +245,8 @@ class Generation:
             if getter not in done:
                 getter.cancel()
                 self.close()
+                log.info("request %s: the client went away (%s); cancelled", self.req.id,
+                         "while queued" if self.first is None else "mid-reply")
                 raise ClientGone()
             item = getter.result()
         if isinstance(item, Started):

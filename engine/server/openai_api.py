@@ -11,17 +11,27 @@ Contract (SERVER.md; where it is silent, what the official ``openai`` client exp
   or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format``
   ``json_object`` / ``json_schema`` constrains the reply with a token mask applied to every
   drawn token, drafts included (``engine.grammar``), so it stays exact under speculation;
-  thinking is off for such a request (the grammar starts at the answer). A schema that
-  cannot be compiled is a 400.
+  thinking is off for such a request (the grammar starts at the answer). The schema is
+  compiled on a worker thread (never the event loop or the decoding thread), within
+  ``COMPILE_S``; one that cannot be compiled, is over ``engine.grammar``'s size limits or
+  admits no document is a 400; a grammar that fails mid-reply is a 400 (a stream: a final
+  ``data: {"error": ...}`` chunk), never a ``stop``. ``logprobs`` / ``top_logprobs`` are a 400
+  (not supported). The body is strict JSON: ``NaN`` / ``Infinity`` and nesting past the
+  parser's recursion limit are a 400.
 - Qwen's thinking goes to ``reasoning_content``; tool calls to ``tool_calls`` (streamed as
   deltas: first ``index``/``id``/``type``/``function.name``, then ``arguments`` fragments);
   ``finish_reason`` is ``tool_calls`` only when a call was parsed.
 - Every response carries ``"mtp"`` speculation stats (non-streaming: also ``x-mtp-*``
   headers; streaming: in the chunk with the ``finish_reason``, and in the usage chunk).
+- A reply the server cancels (a drain on SIGTERM) is not reported as finished: 503, or in a
+  stream a final error chunk (``finish_reason`` has no value for "cut short": ``stop`` and
+  ``length`` would both tell the client something false).
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from dataclasses import replace
 
@@ -40,13 +50,44 @@ from engine.server.scheduler import GenRequest
 from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
 from engine.server.toolcalls import ToolArgs, ToolStart, schemas_of
 
-FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
+# "cancelled" never reaches these: ``Generation.events`` raises for it (see the docstring).
+FINISH = {"stop": "stop", "length": "length", None: "stop"}
+COMPILE_S = 10.0  # the most a schema may take to compile (it runs off the loop meanwhile)
+
+
+class _NonFinite(ValueError):
+    def __init__(self, literal: str) -> None:
+        super().__init__(f"{literal} is not valid JSON (numbers must be finite)")
+        self.literal = literal
+
+
+def _no_constant(literal: str):
+    raise _NonFinite(literal)
+
+
+def loads(text: str | bytes, what: str):
+    """Strict JSON: ``NaN`` / ``Infinity`` raise ``_NonFinite``; too deep a nesting is a 400
+    (``what`` says whose: "The request body is"), not a RecursionError."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise bad_request(f"{what} nested too deeply") from None
+
+
+def _key_before(raw: bytes, literal: str) -> str | None:
+    """The key whose value is ``literal`` (only on the error path: one regex search)."""
+    found = re.search(rb'"([^"\\]{1,64})"\s*:\s*' + re.escape(literal.encode()), raw)
+    return found.group(1).decode("utf-8", "replace") if found else None
 
 
 async def read_json(request: Request) -> dict:
     raw = await request.body()
     try:
-        body = json.loads(raw or b"null")
+        body = loads(raw or b"null", "The request body is")
+    except _NonFinite as exc:
+        key = _key_before(raw, exc.literal)
+        raise bad_request(f"The request body is not valid JSON: {key or 'a number'} is "
+                          f"{exc.literal} (numbers must be finite)", key) from None
     except ValueError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -84,7 +125,7 @@ def _tool_calls(calls, where: str) -> list[dict]:
         args = fn.get("arguments") or {}
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
+                args = loads(args, f"{where}: tool call arguments are") if args.strip() else {}
             except ValueError:
                 raise bad_request(f"{where}: tool call arguments are not valid JSON",
                                   "messages") from None
@@ -135,20 +176,47 @@ def tools_of(body: dict) -> list[dict] | None:
     return [{"type": "function", "function": t["function"]} for t in tools]
 
 
-def response_format_of(body: dict, key: str = "response_format") -> dict | None:
-    """The request's structured-output format in OpenAI's shape (None: plain text), checked
-    now so a bad schema is a 400. Anthropic's ``output_format: {type: json_schema, schema}``
-    is accepted too. The constraint masks every drawn token, speculation included."""
+async def constraint_of(backend: Backend, body: dict,
+                        key: str = "response_format") -> grammar.Constraint | None:
+    """The request's structured output as a ``Constraint`` built for this reply (None: plain
+    text), so a bad schema is a 400 before anything runs. Anthropic's ``output_format:
+    {type: json_schema, schema}`` is accepted too. Compiled on a worker thread, bounded by
+    ``COMPILE_S``; the decoding thread then only uses it (``GenRequest.response_format``)."""
     rf = body.get(key)
-    if rf is None:
+    if rf is None or rf == {"type": "text"}:
         return None
     if isinstance(rf, dict) and rf.get("type") == "json_schema" and "schema" in rf \
             and "json_schema" not in rf:
         rf = {"type": "json_schema", "json_schema": {"schema": rf["schema"]}}
+    info = backend.info
     try:
-        return rf if grammar.compile_format(rf) is not None else None
+        async with asyncio.timeout(COMPILE_S):
+            text = await asyncio.to_thread(grammar.compile_format, rf)  # checks, then compiles
+            if text is None:
+                return None
+            if not info.eos_token_ids:
+                raise GenerationError("Structured output needs the model's end-of-sequence "
+                                      "token.")
+            eos = int(info.eos_token_ids[0])
+            # llguidance's view of the vocab: built once, under the tokenizer's lock (cached)
+            lt = await backend.tokenize(
+                lambda m: grammar.ll_tokenizer(m.tokenizer, info.vocab_size, eos))
+            return await asyncio.to_thread(grammar.Constraint.build, lt, text,
+                                           vocab_size=info.vocab_size, eos=eos)
     except GenerationError as exc:
         raise ApiError(400, f"{key}: {exc}", param=key) from None
+    except TimeoutError:
+        raise ApiError(400, f"{key}: the JSON schema took over {COMPILE_S:g} s to compile; "
+                            "simplify it.", param=key) from None
+
+
+def refuse_logprobs(body: dict) -> None:
+    """Token log-probabilities are not reported: asking for them is a 400, not a null."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is not None and asked is not False:  # (the legacy API's logprobs: 0 asks too)
+        raise bad_request("logprobs is not supported by this server", "logprobs")
+    if top is not None and (isinstance(top, bool) or top != 0):
+        raise bad_request("top_logprobs is not supported by this server", "top_logprobs")
 
 
 def thinking_flag(body: dict) -> bool | None:
@@ -208,7 +276,8 @@ async def chat_completions(request: Request):
     model = backend.resolve_model(body.get("model"))
     messages = template_messages(body.get("messages"))
     tools = tools_of(body)
-    fmt = response_format_of(body)
+    refuse_logprobs(body)
+    fmt = await constraint_of(backend, body)
     thinking = False if fmt else thinking_flag(body)  # the grammar starts at the answer
 
     def render(m):
@@ -310,7 +379,8 @@ async def completions(request: Request):
         ids = await backend.tokenize(lambda m: text_prompt_ids(m, prompt))
     else:
         raise bad_request("prompt must be a non-empty string (or a list of token ids)", "prompt")
-    fmt = response_format_of(body)
+    refuse_logprobs(body)
+    fmt = await constraint_of(backend, body)
     req = replace(gen_request(backend, body, ids, max_key="max_tokens"), response_format=fmt)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         req = _with_max(req, 16)  # OpenAI's legacy default

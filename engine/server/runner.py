@@ -10,6 +10,12 @@ Contract:
   ``start()`` binds the socket itself, so an address in use raises ``ServerStartError``
   with a message naming the port, before any thread is left behind.
 - ``is_loopback(host)``; binding anything else without an API key raises ``ValueError``.
+- Hostile clients: ``perimeter`` (``engine.server.guard.Perimeter``: body size, allowed
+  origins; the Host check is on exactly when ``host`` is loopback) is enforced before the
+  API key; ``max_connections`` (lowered to what the file-descriptor limit leaves, after
+  raising the soft limit to the hard one) and a ``header_timeout_s`` for silent sockets are
+  enforced under uvicorn (``engine.server.connections``); floods of identical log records
+  are rate-limited.
 - The scheduler is not owned: ``stop()`` leaves it running unless ``stop_scheduler=True``.
   With ``shared=True`` (the app, whose chat uses the same scheduler) draining refuses new
   HTTP requests and cancels only the server's own requests (``client="server"``); otherwise
@@ -24,11 +30,14 @@ import logging
 import signal
 import socket
 import threading
+from dataclasses import replace
 
 import uvicorn
 
+from engine.server import connections
 from engine.server.app import build_app
 from engine.server.common import Backend
+from engine.server.guard import Perimeter
 from engine.server.scheduler import Scheduler
 from engine.types import Depth
 
@@ -55,7 +64,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(connections.ACCEPT_BURST)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -97,7 +106,9 @@ class Server:
     def __init__(self, scheduler: Scheduler, *, host: str = "127.0.0.1", port: int = 8080,
                  api_key: str | None = None, default_depth: Depth = "auto",
                  drain_s: float = 10.0, log_level: str = "warning",
-                 shared: bool = False) -> None:
+                 shared: bool = False, perimeter: Perimeter | None = None,
+                 max_connections: int = connections.DEFAULT_MAX_CONNECTIONS,
+                 header_timeout_s: float = connections.HEADER_TIMEOUT_S) -> None:
         if not is_loopback(host) and not api_key:
             raise ValueError(f"Refusing to serve on {host} without an API key: anyone who can "
                              "reach this address could use the model. Pass --api-key KEY or "
@@ -108,10 +119,17 @@ class Server:
         info = scheduler.wait_ready()
         self.backend = Backend(scheduler=scheduler, info=info, default_depth=default_depth,
                                api_key=api_key)
-        self.app = build_app(self.backend)
+        self.perimeter = replace(perimeter or Perimeter(), loopback_hosts_only=is_loopback(host))
+        self.app = build_app(self.backend, self.perimeter)
+        self.max_connections = connections.connection_cap(max_connections,
+                                                          connections.raise_fd_limit())
+        protocol = connections.make_protocol(header_timeout_s=header_timeout_s,
+                                             max_connections=self.max_connections)
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level,
                                 lifespan="off", timeout_graceful_shutdown=drain_s + 5,
-                                timeout_keep_alive=5)
+                                timeout_keep_alive=5, http=protocol,
+                                backlog=connections.ACCEPT_BURST)
+        connections.install_log_limits()  # after Config, which configures uvicorn's loggers
         self._uv = _Uvicorn(config, self._drain)
         self._thread: threading.Thread | None = None
         self._draining = False

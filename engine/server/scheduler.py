@@ -17,9 +17,11 @@ Contract:
 - The generator is always run to exhaustion (never closed early): the engine stores the
   decode state after the reply only then, and that is what lets the next request that
   extends this conversation skip re-prefilling it (the prompt cache).
-- ``with_tokenizer(fn)`` runs ``fn(model)`` on the calling thread while no cycle runs (the
-  worker holds the same lock around each step of the generator): prompt rendering and token
-  counting happen off the worker without racing the tokenizer it uses to detokenize.
+- ``with_tokenizer(fn)`` runs ``fn(view)`` on the calling thread, ``view`` being the model's
+  ``prompt_view()`` (``engine.model.PromptView``: its own tokenizer copy): prompt rendering
+  and token counting happen off the worker and never stall a decode step, however long the
+  prompt (a fake model without ``prompt_view`` runs while no cycle runs instead: the worker
+  holds the same lock around each step of the generator).
 - ``drain(grace_s)`` stops accepting requests and cancels whatever still runs after
   ``grace_s``; ``stop()`` cancels everything and joins the worker.
 
@@ -88,8 +90,10 @@ class GenRequest:
     # ``render(model) -> prompt ids``, called on the worker when the request starts (or None:
     # ``prompt_ids`` are final).
     render: Callable[[object], list[int]] | None = field(default=None, compare=False)
-    # structured output: an OpenAI-style ``response_format`` (``engine.grammar``), or None
-    response_format: dict | None = field(default=None, compare=False)
+    # structured output: an OpenAI-style ``response_format`` (``engine.grammar``), or the
+    # ``engine.grammar.Constraint`` already built from one for this request (the server
+    # compiles off this thread: a large schema must not stall every stream), or None
+    response_format: object | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class Scheduler:
     def set_model(self, model) -> None:
         """Host thread: serve ``model`` from now on (None: no model). Waiting requests that
         were rendered for the previous model are cancelled."""
+        _prepare_view(model)
         with self._tok_lock:
             self.model = model
             self.info = getattr(model, "info", None)
@@ -234,12 +239,19 @@ class Scheduler:
         self._observers.append(fn)
 
     def with_tokenizer(self, fn: Callable[[object], object]):
-        """``fn(model)`` while no generator step runs (see the module docstring)."""
+        """``fn(view)`` on the calling thread: ``view`` is the model's ``prompt_view()`` (its
+        own tokenizer copy, so decoding goes on meanwhile); a model without one (the tests'
+        scripted fakes) is passed itself, while no generator step runs."""
         self._ready.wait()
         with self._tok_lock:
-            if self.model is None:
+            model = self.model
+            if model is None:
                 raise SchedulerClosed("no model is loaded")
-            return fn(self.model)
+            view = model.prompt_view() if hasattr(model, "prompt_view") else None
+            if view is None:
+                return fn(model)
+        with view.lock:
+            return fn(view)
 
     # ------------------------------------------------------------------ worker
     def _work(self) -> None:
@@ -247,6 +259,7 @@ class Scheduler:
             try:
                 self.model = self._loader()  # type: ignore[misc]
                 self.info = self.model.info
+                _prepare_view(self.model)
             except BaseException as exc:  # noqa: BLE001 - reported by wait_ready
                 self._load_error = exc
                 self._ready.set()
@@ -414,12 +427,21 @@ class Scheduler:
             _safe(sink, ev)
 
 
-def _constraint_kw(model, response_format: dict | None) -> dict:
+def _prepare_view(model) -> None:
+    """Make the model's ``PromptView`` now, on the thread that loaded it, so the first
+    request does not copy the tokenizer while holding the decode lock."""
+    if model is not None and hasattr(model, "prompt_view"):
+        model.prompt_view()
+
+
+def _constraint_kw(model, response_format) -> dict:
     """``constraint=`` for ``Model.generate`` when the request asks for structured output."""
     if not response_format:
         return {}
     from engine.grammar import Constraint
 
+    if isinstance(response_format, Constraint):
+        return {"constraint": response_format}
     return {"constraint": Constraint.for_format(
         model.tokenizer, response_format, vocab_size=model.info.vocab_size,
         eos_ids=model.info.eos_token_ids)}

@@ -8,14 +8,15 @@ Contract: both APIs first turn their requests into *template messages* — dicts
 
 - no tools and no tool turns: ``Model.chat_ids`` (exactly what the chat window and ``engine
   generate --chat`` send, so outputs and the prompt cache line up);
-- a template that knows tools (Qwen3.5/3.6, Qwen3): the tokenizer's ``apply_chat_template``
-  with ``tools=`` (the same Jinja sandbox ``chat_ids`` uses);
+- a template that knows tools (Qwen3.5/3.6, Qwen3): ``engine.chat_template.chat_ids`` with
+  ``tools=`` (the same Jinja sandbox and the same bounded tokenizing ``Model.chat_ids`` uses);
 - a template that does not (the embedded demo model): the Qwen3.5 layout written out here —
   a ``# Tools`` system section, calls as ``<tool_call>`` XML in the assistant turn, results
   as ``<tool_response>`` blocks in a user turn — then ``Model.chat_ids``.
 
-These functions use the tokenizer, which the scheduler's worker also uses while decoding:
-call them through ``Scheduler.with_tokenizer`` (never concurrently with a cycle).
+These functions get the model's ``PromptView`` through ``Scheduler.with_tokenizer`` (a
+tokenizer of its own, so they run beside the decoding thread); a prompt over the model's
+``prompt_limit()`` raises ``PromptTooLongError`` before it is tokenized whole.
 """
 from __future__ import annotations
 
@@ -101,22 +102,31 @@ def chat_prompt_ids(model, messages: list[dict], *, tools: list[dict] | None = N
     if not template_knows_tools(model):
         return list(model.chat_ids(_written_out(messages, tools or []),
                                    enable_thinking=enable_thinking))
-    kwargs = {}
-    if enable_thinking is not None and model.info.supports_thinking:
-        kwargs["enable_thinking"] = enable_thinking
-    out = model.tokenizer.apply_chat_template(
-        messages, tools=tools or None, add_generation_prompt=True, tokenize=True, **kwargs)
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    return list(out)
+    from engine.chat_template import chat_ids
+
+    limit, context = _limits(model)
+    return chat_ids(model.tokenizer, messages, enable_thinking=enable_thinking,
+                    supports_thinking=model.info.supports_thinking, tools=tools or None,
+                    max_tokens=limit, context=context)
+
+
+def _limits(model) -> tuple[int | None, int | None]:
+    """The request's prompt limit and the model's context (None, None for fakes)."""
+    limit = model.prompt_limit() if hasattr(model, "prompt_limit") else None
+    return limit, getattr(getattr(model, "info", None), "context_length", None)
 
 
 def text_prompt_ids(model, text: str) -> list[int]:
-    """A raw completion prompt, tokenized as ``engine generate --prompt`` does."""
+    """A raw completion prompt, tokenized as ``engine generate --prompt`` does, in bounded
+    memory: over the model's limit it raises ``PromptTooLongError`` before tokenizing all
+    of it (``engine.prompt_limits``)."""
+    from engine.prompt_limits import encode_bounded
+
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         return [min(ord(c), 255) for c in text]
-    return list(tok.encode(text, add_special_tokens=False))
+    limit, context = _limits(model)
+    return encode_bounded(tok, text, limit=limit, context=context)
 
 
 def decode_ids(model, ids: list[int]) -> str:

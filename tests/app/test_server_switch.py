@@ -259,7 +259,10 @@ def test_loading_another_model_cancels_server_requests_then_serves_it(qtbot, win
     qtbot.waitUntil(lambda: w.model.ready and w.model.info.path == str(other), timeout=10_000)
     assert time.monotonic() - t0 < 5  # the load did not wait for 5,000 tokens
     t.join(30)
-    assert out["status"] == 200  # the request ended (cancelled), the client got its answer
+    # the request ended, cancelled, and the client was told so (not a normal "stop")
+    assert out["status"] == 503, out
+    assert out["json"]["error"]["code"] == "cancelled"
+    assert "model was changed" in out["json"]["error"]["message"]
     assert c.state == "serving" and c.server.backend.info.path == str(other)
 
 

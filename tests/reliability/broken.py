@@ -28,6 +28,15 @@ def set_top(**fields):
     return edit
 
 
+def set_generation(**fields):
+    def edit(folder: Path) -> None:
+        path = folder / "generation_config.json"
+        cfg = json.loads(path.read_text())
+        cfg.update(fields)
+        path.write_text(json.dumps(cfg))
+    return edit
+
+
 def shard(folder: Path) -> Path:
     return sorted(folder.glob("*.safetensors"))[0]
 

@@ -17,9 +17,12 @@ from tests.reliability.conftest import make_variant
     (broken.set_text(vocab_size=10**12), "vocab_size"),
     (broken.set_top(quantization=4), "quantization"),
     (broken.header_nested, "nested"),
+    (broken.set_text(eos_token_id=10**9), "config.json: eos_token_id"),
+    (broken.set_generation(eos_token_id=[2, 320]), "generation_config.json: eos_token_id"),
     (broken.both(broken.set_text(hidden_size=-1), broken.remove("tokenizer.json")),
      "hidden_size"),
-], ids=["heads-0", "vocab-1e12", "quantization-4", "header-nested", "config-before-tokenizer"])
+], ids=["heads-0", "vocab-1e12", "quantization-4", "header-nested", "eos-1e9", "eos-past-tokenizer",
+    "config-before-tokenizer"])
 def test_load_names_the_field(bases, tmp_path, edit, field):
     folder = make_variant(bases, tmp_path, "tiny", edit)
     with pytest.raises(ModelLoadError, match=field):

@@ -34,12 +34,12 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
 
-def start_serve(tmp: Path, *args: str, timeout: float = 90) -> ServerProcess:
+def start_serve(tmp: Path, *args: str, timeout: float = 90, preexec_fn=None) -> ServerProcess:
     env = dict(os.environ, MTPCHAT_HOME=str(tmp), PYTHONPATH=str(ROOT),
                OPENBLAS_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--json", "--port", "0",
                              *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()

@@ -156,7 +156,10 @@ class _Tok:
         rendered, _ = render_jinja_template(conversations=[messages], tools=tools,
                                             chat_template=self.chat_template,
                                             add_generation_prompt=add_generation_prompt, **kw)
-        return [ord(c) for c in rendered[0]]
+        return self.encode(rendered[0]) if tokenize else rendered[0]
+
+    def encode(self, text, add_special_tokens=False, **kw):
+        return [ord(c) for c in text]
 
 
 CONVERSATION = [
