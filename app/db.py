@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import sqlite3
 import time
@@ -112,6 +113,7 @@ class Message:
     created_at: float
     meta: dict = field(default_factory=dict)
     parent_id: int | None = None
+    full_length: int | None = None  # read as a preview: the whole content's length (characters)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,11 @@ class ChatStore:
     ``ChatStore(path)`` raises on a file it cannot use; ``open_chat_store`` is the forgiving
     entry point the app uses. A store made with ``ChatStore.in_memory(copy_of=...)`` keeps
     working (reads and writes) but saves nothing: ``persistent`` is False.
+
+    A bad value in a sound file (JSON nested too deep, a meta field of the wrong type, a
+    timestamp that is not a number) is read as if absent (left as it is on disk), logged
+    with the file and the chat, and reported once per chat and field to ``on_problem(conv_id,
+    text)`` (the window shows it; ``problems`` keeps what was found before one was set).
     """
 
     def __init__(self, path: str | Path, *, connection: sqlite3.Connection | None = None) -> None:
@@ -148,6 +155,9 @@ class ChatStore:
             connection = sqlite3.connect(str(self.path), isolation_level=None)
         self._db = connection
         self._db.row_factory = sqlite3.Row
+        self.problems: list[tuple[int | None, str]] = []
+        self.on_problem: Callable[[int | None, str], None] | None = None
+        self._seen_problems: set[tuple[int | None, str]] = set()
         self._refuse_newer()  # before anything writes (WAL mode rewrites the header)
         if self.persistent:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -193,6 +203,65 @@ class ChatStore:
                 self._db.execute("ROLLBACK")
                 raise
 
+    def note_problem(self, conv_id: int | None, what: str) -> None:
+        """A bad value of chat ``conv_id`` (None: an app setting) was ignored: log it with the
+        file and the chat, and tell ``on_problem`` (once per chat and field)."""
+        if (conv_id, what) in self._seen_problems:
+            return
+        self._seen_problems.add((conv_id, what))
+        if conv_id is None:
+            log.warning("chat database %s: ignored a bad value: %s", self.path, what)
+            text = f"A damaged app setting was ignored ({what})."
+        else:
+            title = self._title_of(conv_id)
+            log.warning("chat database %s: chat %d %r: ignored a bad value: %s",
+                        self.path, conv_id, title, what)
+            text = f"Chat \u201c{title}\u201d had a damaged value ({what}); it was ignored."
+        self.problems.append((conv_id, text))
+        if self.on_problem is not None:
+            self.on_problem(conv_id, text)
+
+    def _title_of(self, conv_id: int) -> str:
+        row = self._db.execute("SELECT title FROM conversations WHERE id=?", (conv_id,)).fetchone()
+        return (_text(row["title"]) if row is not None else "") or f"#{conv_id}"
+
+    def _conv(self, row: sqlite3.Row) -> Conversation:
+        cid = row["id"]
+        created = self._timestamp(row["created_at"], cid, "its creation time")
+        updated = self._timestamp(row["updated_at"], cid, "its last-used time", created)
+        return Conversation(id=cid, title=_text(row["title"]) or "Untitled",
+                            created_at=created, updated_at=updated,
+                            settings=self._json_dict(row["settings"], cid, "its settings"))
+
+    def _msg(self, row: sqlite3.Row) -> Message:
+        cid, mid = row["conversation_id"], row["id"]
+        meta = self._json_dict(row["meta"], cid, f"message {mid}'s details")
+        bad = [k for k, v in meta.items() if k in _META_TYPES and not _META_TYPES[k](v)]
+        if bad:
+            self.note_problem(cid, f"message {mid}'s {', '.join(bad)}")
+            meta = {k: v for k, v in meta.items() if k not in bad}
+        parent = row["parent_id"]
+        content = _text(row["content"])
+        # (a Row's `in` looks at its values, not its column names)
+        full = row["full_length"] if "full_length" in row.keys() else None  # noqa: SIM118
+        return Message(id=mid, conversation_id=cid, role=row["role"], content=content,
+                       created_at=self._timestamp(row["created_at"], cid, f"message {mid}'s time"),
+                       meta=meta, parent_id=parent if isinstance(parent, int) else None,
+                       full_length=full if isinstance(full, int) and full > len(content) else None)
+
+    def _json_dict(self, text, conv_id: int | None, what: str) -> dict:
+        value = _json_dict(text)
+        if value is None:
+            self.note_problem(conv_id, what)
+            return {}
+        return value
+
+    def _timestamp(self, value, conv_id: int, what: str, fallback: float = 0.0) -> float:
+        if _finite(value):
+            return float(value)
+        self.note_problem(conv_id, what)
+        return fallback
+
     # -- conversations ---------------------------------------------------------------------
     def create_conversation(self, *, title: str = "New chat", settings: dict | None = None) -> int:
         now = time.time()
@@ -204,7 +273,7 @@ class ChatStore:
     def conversation(self, conv_id: int) -> Conversation | None:
         row = self._db.execute("SELECT * FROM conversations WHERE id=? AND deleted_at IS NULL",
                                (conv_id,)).fetchone()
-        return _conv(row) if row else None
+        return self._conv(row) if row else None
 
     def conversations(self, *, search: str = "") -> list[Conversation]:
         """Live conversations, most recently used first; ``search`` matches titles and text."""
@@ -212,14 +281,14 @@ class ChatStore:
             rows = self._db.execute(
                 "SELECT * FROM conversations WHERE deleted_at IS NULL "
                 "ORDER BY updated_at DESC, id DESC").fetchall()
-            return [_conv(r) for r in rows]
+            return [self._conv(r) for r in rows]
         pattern = "%" + _escape_like(search.strip()) + "%"
         rows = self._db.execute(
             "SELECT * FROM conversations c WHERE c.deleted_at IS NULL AND ("
             " c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
             " WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\'))"
             " ORDER BY c.updated_at DESC, c.id DESC", (pattern, pattern)).fetchall()
-        return [_conv(r) for r in rows]
+        return [self._conv(r) for r in rows]
 
     def first_matches(self, search: str) -> dict[int, tuple[int, str]]:
         """For each live conversation with a message containing ``search``: (the first such
@@ -296,30 +365,56 @@ class ChatStore:
 
     def message(self, msg_id: int) -> Message | None:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (msg_id,)).fetchone()
-        return _msg(row) if row else None
+        return self._msg(row) if row else None
 
     def all_messages(self, conv_id: int) -> list[Message]:
         """Every message of every branch, oldest first."""
         rows = self._db.execute("SELECT * FROM messages WHERE conversation_id=? ORDER BY id",
                                 (conv_id,)).fetchall()
-        return [_msg(r) for r in rows]
+        return [self._msg(r) for r in rows]
 
-    def messages(self, conv_id: int) -> list[Message]:
-        """The conversation as on screen: the path from the first message to the leaf."""
-        every = {m.id: m for m in self.all_messages(conv_id)}
-        if not every:
+    def parents(self, conv_id: int) -> dict[int, int | None]:
+        """Every message id of the conversation (all branches, oldest first) -> its parent's
+        id. Read from an index: no message text is touched."""
+        # (no ORDER BY: SQLite would read the rows, past their text, instead of the index)
+        rows = self._db.execute("SELECT id, parent_id FROM messages WHERE conversation_id=?",
+                                (conv_id,)).fetchall()
+        return {r["id"]: r["parent_id"] if isinstance(r["parent_id"], int) else None
+                for r in sorted(rows, key=lambda r: r["id"])}
+
+    def path_ids(self, conv_id: int) -> list[int]:
+        """The ids of the branch on screen, first message to leaf (see ``messages``)."""
+        parents = self.parents(conv_id)
+        if not parents:
             return []
         row = self._db.execute("SELECT leaf_id FROM conversations WHERE id=?",
                                (conv_id,)).fetchone()
-        leaf = row["leaf_id"] if row is not None else None
-        if leaf not in every:  # never set, or deleted: the newest message's branch
-            leaf = max(every)
-        path: list[Message] = []
-        node = every.get(leaf)
-        while node is not None and len(path) <= len(every):
+        node = row["leaf_id"] if row is not None else None
+        if node not in parents:  # never set, or deleted: the newest message's branch
+            node = max(parents)
+        path: list[int] = []
+        while node in parents and len(path) <= len(parents):
             path.append(node)
-            node = every.get(node.parent_id) if node.parent_id is not None else None
+            node = parents[node]
         return path[::-1]
+
+    def messages(self, conv_id: int, *, preview: int | None = None) -> list[Message]:
+        """The conversation as on screen: the path from the first message to the leaf.
+        ``preview``: read only the first ``preview`` characters of each message (a cut one
+        has ``full_length``): showing a 50 MB paste does not read it whole."""
+        ids = self.path_ids(conv_id)
+        cols = "*" if preview is None else (
+            "id, conversation_id, role, created_at, meta, parent_id, "
+            "substr(content, 1, :n) AS content, length(content) AS full_length")
+        found: dict[int, Message] = {}
+        for i in range(0, len(ids), 500):  # (SQLite bounds the number of parameters)
+            chunk = ids[i:i + 500]
+            marks = ",".join(f":i{k}" for k in range(len(chunk)))
+            params = {f"i{k}": v for k, v in enumerate(chunk)} | {"n": max(0, preview or 0)}
+            rows = self._db.execute(f"SELECT {cols} FROM messages WHERE id IN ({marks})",
+                                    params).fetchall()
+            found.update((r["id"], self._msg(r)) for r in rows)
+        return [found[i] for i in ids if i in found]
 
     def branch(self, msg_id: int) -> Branch | None:
         """``msg_id`` among the versions that share its parent (oldest first)."""
@@ -363,7 +458,8 @@ class ChatStore:
     def context_from(self, conv_id: int) -> int | None:
         row = self._db.execute("SELECT context_from FROM conversations WHERE id=?",
                                (conv_id,)).fetchone()
-        return row["context_from"] if row is not None else None
+        value = row["context_from"] if row is not None else None
+        return value if isinstance(value, int) else None
 
     def set_context_from(self, conv_id: int, msg_id: int | None) -> None:
         """Messages older than ``msg_id`` are left out of the prompt (None: none are)."""
@@ -394,7 +490,7 @@ class ChatStore:
         rows = self._db.execute("SELECT id, meta FROM messages WHERE meta LIKE '%streaming%'")
         n = 0
         for row in rows.fetchall():
-            meta = _json_dict(row["meta"], f"message {row['id']} meta")
+            meta = _json_dict(row["meta"]) or {}
             if meta.get("status") == "streaming":
                 meta["status"] = "interrupted"
                 self.update_message(row["id"], meta=meta)
@@ -408,8 +504,8 @@ class ChatStore:
             return default
         try:
             return json.loads(row["value"])
-        except (TypeError, ValueError):
-            log.warning("ignoring the unreadable app setting %r", key)
+        except (TypeError, ValueError, RecursionError):
+            self.note_problem(None, f"the app setting {key!r}")
             return default
 
     def set_setting(self, key: str, value) -> None:
@@ -422,33 +518,41 @@ def _escape_like(s: str) -> str:
     return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _json_dict(text, what: str) -> dict:
-    """A stored JSON object, or {} when the value is not one (logged; the row stays as is)."""
+def _json_dict(text) -> dict | None:
+    """A stored JSON object, or None when the value is not one (the row stays as is)."""
     try:
         value = json.loads(text or "{}")
-    except (TypeError, ValueError):
-        value = None
-    if not isinstance(value, dict):
-        log.warning("ignoring unreadable %s: %.80r", what, text)
-        return {}
-    return value
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deeply
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+def _spans_ok(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) for x in s) for s in value)
+
+
+# What the app reads from a message's meta, and the type each must have to be used.
+_META_TYPES: dict[str, Callable[[object], bool]] = {
+    "status": lambda v: isinstance(v, str),
+    "model": lambda v: v is None or isinstance(v, str),
+    "error": lambda v: isinstance(v, str),
+    "finish_reason": lambda v: isinstance(v, str),
+    "stats": lambda v: isinstance(v, dict),
+    "draft_spans": _spans_ok,
+    "think_s": _finite,
+    "tokens": lambda v: isinstance(v, int),
+    "request_id": lambda v: isinstance(v, int),
+}
 
 
 def _text(value) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
-def _conv(row: sqlite3.Row) -> Conversation:
-    return Conversation(id=row["id"], title=_text(row["title"]) or "Untitled",
-                        created_at=row["created_at"], updated_at=row["updated_at"],
-                        settings=_json_dict(row["settings"], f"conversation {row['id']} settings"))
-
-
-def _msg(row: sqlite3.Row) -> Message:
-    return Message(id=row["id"], conversation_id=row["conversation_id"], role=row["role"],
-                   content=_text(row["content"]), created_at=row["created_at"],
-                   meta=_json_dict(row["meta"], f"message {row['id']} meta"),
-                   parent_id=row["parent_id"])
 
 
 # -- opening the store whatever state the file is in ------------------------------------------

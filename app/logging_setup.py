@@ -1,11 +1,12 @@
-"""Logging for the app: a rotating file under the log dir, stderr, and Qt's own messages."""
+"""Logging for the app: a rotating file under the log dir, stderr, and Qt's own messages.
+A handler that cannot write (a full disk) says so once and stops (``engine.loghandlers``)."""
 from __future__ import annotations
 
 import logging
-import logging.handlers
 import sys
 
 from app.paths import log_file
+from engine.loghandlers import QuietRotatingFileHandler, QuietStreamHandler
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 qt_log = logging.getLogger("qt")
@@ -19,12 +20,12 @@ def setup_logging(level: int = logging.INFO) -> None:
     if getattr(root, "_mtpchat_configured", False):
         return
     root.setLevel(logging.DEBUG)
-    sh = logging.StreamHandler(sys.stderr)
+    sh = QuietStreamHandler(sys.stderr)
     sh.setLevel(level)
     sh.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root.addHandler(sh)
     try:
-        fh = logging.handlers.RotatingFileHandler(
+        fh = QuietRotatingFileHandler(
             log_file(), maxBytes=2_000_000, backupCount=3, encoding="utf-8")
     except OSError as exc:  # read-only or full location: stderr only, and say so once
         logging.getLogger(__name__).warning("cannot write the log file (%s); logging to stderr only", exc)

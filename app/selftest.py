@@ -25,8 +25,10 @@ from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, Slot
 from PySide6.QtWidgets import QApplication
 
 from app.chat.main_window import MainWindow
+from app.chat.session import STORAGE_ERRORS
 from app.chat.stats_line import format_stats
 from app.db import ChatStore
+from app.errors import describe
 from app.fake_engine import FakeModel, make_fake_loader
 from app.paths import default_model_path
 
@@ -59,12 +61,22 @@ def run_self_test(args) -> int:
         _say("using the scripted FAKE engine (MTPCHAT_SELFTEST_FAKE=1)")
     qapp = QApplication.instance() or QApplication(sys.argv[:1])
     qapp.setApplicationName("MTP Chat")
-    window = MainWindow(model_path=path, loader=loader, autoload=False)
+    try:
+        window = MainWindow(model_path=path, loader=loader, autoload=False)
+    except Exception as exc:
+        log.debug("the window could not be built", exc_info=exc)
+        _say(f"FAIL: the window could not be built: {describe(exc)}")
+        return 1
     window.show()
     try:
+        _check_store(window)
         report = _SelfTest(window, path).run()
     except SelfTestFailure as exc:
         _say(f"FAIL: {exc}")
+        return 1
+    except STORAGE_ERRORS as exc:  # the disk filled up or went read-only mid-test
+        log.debug("the chat database failed", exc_info=exc)
+        _say(f"FAIL: the chat database {window.store.path} failed: {exc}")
         return 1
     finally:
         window.close()
@@ -72,6 +84,15 @@ def run_self_test(args) -> int:
     print("self-test: OK")
     return 0
 
+
+def _check_store(window) -> None:
+    """The self-test checks that a reply is saved: a store that saves nothing (a read-only
+    home, a full disk) fails it at once, with the store's own explanation."""
+    if not window.store.persistent:
+        notice = window.store_notice
+        why = (notice.message if notice is not None
+               else f"the chat database {window.store.path} cannot be written")
+        raise SelfTestFailure(f"replies cannot be saved, so nothing can be checked: {why}")
 
 class _SelfTest(QObject):
     def __init__(self, window, path: str) -> None:
@@ -109,7 +130,10 @@ class _SelfTest(QObject):
         try:
             return self._check(conv, info)
         finally:
-            w.store.erase_conversation(conv)
+            try:
+                w.store.erase_conversation(conv)
+            except STORAGE_ERRORS as exc:  # not worth hiding the verdict for
+                log.warning("could not remove the self-test's conversation: %s", exc)
 
     def _send(self) -> int:
         w = self.w

@@ -65,7 +65,7 @@ def restore_geometry(store: SettingsStore, name: str, w: QWidget) -> bool:
     saved = store.get_setting(f"geometry.{name}")
     if not isinstance(saved, str) or not saved:
         return False
-    if not w.restoreGeometry(QByteArray.fromBase64(saved.encode("ascii"))):
+    if not saved.isascii() or not w.restoreGeometry(QByteArray.fromBase64(saved.encode("ascii"))):
         return False
     keep_on_screen(w)
     return True

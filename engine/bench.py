@@ -3,6 +3,7 @@ weights, this engine at depth 0, and each requested depth (and ``auto``)."""
 from __future__ import annotations
 
 import json
+import stat
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -21,16 +22,75 @@ DEFAULT_PROMPTS = {
 
 
 def load_prompt_sets(model, path: str | None) -> dict[str, list[str]]:
-    """Prompt sets by class: a JSON file ({class: [prompts]} or [prompts]), else the model
-    folder's ``heldout_prompts.json`` (the demo model ships one), else generic prompts."""
-    candidates = [Path(path)] if path else [Path(model.info.path) / "heldout_prompts.json"]
-    for p in candidates:
-        if p.is_file():
-            data = json.loads(p.read_text(encoding="utf-8"))
-            if isinstance(data, list):
-                return {"prompts": [str(x) for x in data]}
-            return {str(k): [str(x) for x in v] for k, v in data.items()}
-    return DEFAULT_PROMPTS
+    """Prompt sets by class: the JSON file ``path`` (see :func:`read_prompt_file`; any problem
+    with it is an error, never a silent fallback), else the model folder's
+    ``heldout_prompts.json`` (the demo model ships one), else generic prompts."""
+    if path:
+        return read_prompt_file(path)
+    shipped = Path(model.info.path) / "heldout_prompts.json"
+    return read_prompt_file(shipped) if shipped.is_file() else DEFAULT_PROMPTS
+
+
+def read_prompt_file(path: str | Path) -> dict[str, list[str]]:
+    """A ``--prompts`` file: a JSON list of prompt strings, or an object of class name ->
+    non-empty list of prompt strings. Raises ``ValueError`` naming the file and what is wrong
+    (missing, not a regular file, not UTF-8 JSON, the wrong shape); a FIFO or device is
+    refused before it is opened, so it cannot block."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise ValueError(f"--prompts {p}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ValueError(f"--prompts {p}: {kind}; give a JSON file of prompts")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--prompts {p}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--prompts {p}: not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--prompts {p}: not valid JSON ({exc.msg} at line {exc.lineno} "
+                         f"column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError(f"--prompts {p}: JSON nested too deeply") from None
+    shape = "expected a list of prompts or an object of class -> list of prompts"
+    listed = isinstance(data, list)
+    if listed:
+        data = {"prompts": data}
+    elif not isinstance(data, dict):
+        raise ValueError(f"--prompts {p}: {shape}, not {_json_kind(data)}")
+    if not data:
+        raise ValueError(f"--prompts {p}: no prompt classes ({shape})")
+    out: dict[str, list[str]] = {}
+    for cls, prompts in data.items():
+        where = "the list" if listed else f"class {cls!r}"
+        if not isinstance(prompts, list):
+            raise ValueError(  # noqa: TRY004 - the CLI's usage error (exit 2) for bad input
+                f"--prompts {p}: {where} is {_json_kind(prompts)}, not a list of prompts")
+        if not prompts:
+            raise ValueError(f"--prompts {p}: {where} has no prompts")
+        bad = next((i for i, x in enumerate(prompts)
+                    if not isinstance(x, str) or not x.strip()), None)
+        if bad is not None:
+            raise ValueError(f"--prompts {p}: prompt {bad + 1} of {where} is "
+                             f"{_json_kind(prompts[bad])}, not a non-empty string")
+        out[str(cls)] = prompts
+    return out
+
+
+def _json_kind(value) -> str:
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else "a string"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, list):
+        return "an empty list" if not value else "a list"
+    return "an empty object" if not value else "an object"
 
 
 def mixed_prompt_sets(model, path: str | None, *, per_class: int = 6) -> dict[str, list[str]]:

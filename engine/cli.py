@@ -73,9 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:
         return fail(f"argument {bad + 1} is not valid UTF-8 text")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from engine.loghandlers import QuietStreamHandler
+
+    handler = QuietStreamHandler(sys.stderr)  # a full or closed stderr: one line, then quiet
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        handlers=[handler])
     as_json = getattr(args, "json", False)
     try:
         return int(args._run(args) or 0)

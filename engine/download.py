@@ -362,6 +362,9 @@ class Downloader:
     def _run(self, t0: float) -> DownloadResult:
         self._update(phase="planning", message="listing files")
         listing, files = self._plan()
+        done = self._up_to_date(listing, files, t0)
+        if done is not None:
+            return done
         self.staging.mkdir(parents=True, exist_ok=True)
         total = sum(f.size for f in files)
         have = self._reconcile(listing, files)
@@ -387,6 +390,41 @@ class Downloader:
         self._update(phase="done", message=f"installed in {dest}")
         return DownloadResult(self.repo_id, self.name, "installed", str(dest), total,
                               self._fetched, have, time.monotonic() - t0)
+
+    def _up_to_date(self, listing: RepoListing, files: list[RemoteFile], t0: float
+                    ) -> DownloadResult | None:
+        """A result without fetching anything when ``self.name`` is installed from what the Hub
+        lists now (see ``_same_install``) and its files still have their recorded sizes."""
+        dest = self.store.path_for(self.name)
+        marker = self.store.installed_marker(dest) if dest.is_dir() else None
+        if not marker or not self._same_install(marker, listing, files) or \
+                not _sizes_match(dest, marker["files"]):
+            return None
+        total = sum(f.size for f in files)
+        self._update(phase="done", bytes_total=total, bytes_done=total, resumed_bytes=total,
+                     files_total=len(files), files_done=len(files),
+                     message=f"already installed (up to date) in {dest}")
+        log.info("%s is already installed from commit %s in %s", self.repo_id,
+                 listing.commit, dest)
+        return DownloadResult(self.repo_id, self.name, "installed", str(dest), total, 0, total,
+                              time.monotonic() - t0, up_to_date=True)
+
+    def _same_install(self, marker: dict, listing: RepoListing, files: list[RemoteFile]) -> bool:
+        """The install record lists the same files with the same sizes, and either the same
+        commit or, file for file, the same Hub hashes (a new commit that changed no file)."""
+        recorded = marker.get("files")
+        if marker.get("repo_id") != self.repo_id or not isinstance(recorded, dict):
+            return False
+        if set(recorded) != {f.path for f in files}:
+            return False
+        for f in files:
+            rec = recorded[f.path] if isinstance(recorded[f.path], dict) else {}
+            if rec.get("size") != f.size:
+                return False
+        if marker.get("commit") == listing.commit:
+            return True
+        return all(_expected_digest(f) and recorded[f.path].get("digest") == _expected_digest(f)
+                   for f in files)
 
     def _check_config(self) -> None:
         try:
@@ -418,6 +456,18 @@ class Downloader:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": listing.commit,
                 "endpoint": hub.endpoint(), "summary": summary,
                 "files": {f.path: {"size": f.size, "digest": _expected_digest(f)} for f in files}}
+
+
+def _sizes_match(folder: Path, files) -> bool:
+    """Every file an install record lists is in ``folder`` with its recorded size."""
+    if not isinstance(files, dict):
+        return False
+    for rel, meta in files.items():
+        p = folder / rel
+        size = meta.get("size") if isinstance(meta, dict) else None
+        if not p.is_file() or (size is not None and p.stat().st_size != size):
+            return False
+    return True
 
 
 def _abort(resp) -> None:

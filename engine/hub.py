@@ -140,6 +140,7 @@ class DownloadResult:
     seconds: float
     converted: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    up_to_date: bool = False  # already installed from this revision: nothing was fetched
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.checkpoint import parse_config, read_json
@@ -187,6 +188,9 @@ class StreamingConvertPull(Downloader):
     def _run(self, t0: float) -> DownloadResult:
         self._update(phase="planning", message="listing files")
         listing, files = self._plan()
+        done = self._up_to_date(listing, files, t0)
+        if done is not None:
+            return replace(done, converted=True)
         state = self._load_state(listing.commit)
         shards = [f for f in files if f.path.endswith(".safetensors")]
         self._largest = max((f.size for f in shards), default=0)
@@ -281,6 +285,11 @@ class StreamingConvertPull(Downloader):
         for name in COPY_FILES:
             if (self.staging / name).is_file():
                 shutil.copy2(self.staging / name, self.out / name)
+
+    def _same_install(self, marker: dict, listing, files) -> bool:
+        """Converted from this commit with these options (its files are the converted ones)."""
+        return (marker.get("repo_id") == self.repo_id and marker.get("commit") == listing.commit
+                and marker.get("bits") == self.bits and marker.get("group_size") == self.group_size)
 
     def _converted_record(self, listing, quant: dict) -> dict:
         from engine.errors import HubError

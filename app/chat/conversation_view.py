@@ -42,6 +42,7 @@ class ConversationView(QScrollArea):
         self.conv_id: int | None = None
         self.tint = False
         self.model_name: str | None = None
+        self.full_loader = None  # msg_id -> whole text, for messages given as a preview
         self.widgets: dict[int, MessageWidget] = {}
         self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
@@ -150,20 +151,24 @@ class ConversationView(QScrollArea):
             for m in messages:
                 content, meta = (live or {}).get(m.id, (m.content, m.meta))
                 final = m.id not in (live or {})
-                w = self.add_message(m.id, m.role, content, meta, final=final)
+                w = self.add_message(m.id, m.role, content, meta, final=final,
+                                     full_length=m.full_length if final else None)
                 w.set_branch(*(branches or {}).get(m.id, (1, 1)))
                 w.set_attachments((attachments or {}).get(m.id, ()))
         finally:
             self.setUpdatesEnabled(True)
         self.scroll_to_bottom()
 
-    def add_message(self, msg_id: int, role: str, content: str, meta: dict, *, final: bool) -> MessageWidget:
+    def add_message(self, msg_id: int, role: str, content: str, meta: dict, *, final: bool,
+                    full_length: int | None = None) -> MessageWidget:
+        """``full_length``: the whole message's length when ``content`` is only its start."""
         name = meta.get("model") or self.model_name
         w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
+        w.full_loader = self.full_loader
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.branch_requested.connect(self.branch_requested)
-        w.update_content(content, meta, final=final)
+        w.update_content(content, meta, final=final, full_length=full_length)
         row: QWidget = w
         if role == "user":  # the user's bubble hugs its text on the right, like a messenger
             row = QWidget(self.column)

@@ -14,6 +14,8 @@ Contract
 """
 from __future__ import annotations
 
+import logging
+import sqlite3
 from pathlib import Path
 
 from app.chat.export import to_json, to_markdown
@@ -22,6 +24,7 @@ from app.chat.settings import ChatSettings
 from app.db import LEAF, Attachment, ChatStore, Conversation, Message
 
 NEW_TITLE = "New chat"
+log = logging.getLogger(__name__)
 
 
 def make_title(text: str, limit: int = 48) -> str:
@@ -53,13 +56,16 @@ class Conversations:
         self.store.purge_deleted()
         self.store.mark_interrupted()
         for c in self.store.conversations():
-            if not self.store.messages(c.id) and c.title == NEW_TITLE:
+            if c.title == NEW_TITLE and not self.store.path_ids(c.id):
                 self.store.erase_conversation(c.id)  # empty leftovers of earlier sessions
         convs = self.store.conversations()
         return convs[0].id if convs else self.create()
 
     def close(self) -> None:
-        self.store.purge_deleted()
+        try:
+            self.store.purge_deleted()
+        except (sqlite3.Error, OSError) as exc:  # a full disk: purged at the next start
+            log.warning("could not remove deleted chats on closing: %s", exc)
         self.store.close()
 
     # -- queries -----------------------------------------------------------------------------
@@ -80,25 +86,27 @@ class Conversations:
         conv = self.get(conv_id)
         return conv.title if conv else fallback
 
-    def messages(self, conv_id: int | None = None) -> list[Message]:
+    def messages(self, conv_id: int | None = None, *, preview: int | None = None) -> list[Message]:
+        """``preview``: only the first ``preview`` characters of each message (for the view;
+        a 50 MB paste is not read whole to show its beginning)."""
         conv_id = self.current if conv_id is None else conv_id
-        return self.store.messages(conv_id) if conv_id is not None else []
+        return self.store.messages(conv_id, preview=preview) if conv_id is not None else []
 
     def message(self, msg_id: int) -> Message | None:
         return self.store.message(msg_id)
 
     def is_empty(self, conv_id: int | None) -> bool:
-        return conv_id is not None and not self.store.messages(conv_id)
+        return conv_id is not None and not self.store.path_ids(conv_id)
 
     def count_after(self, conv_id: int, msg_id: int) -> int:
         """Messages after ``msg_id`` on the branch on screen."""
-        return sum(1 for m in self.store.messages(conv_id) if m.id > msg_id)
+        return sum(1 for i in self.store.path_ids(conv_id) if i > msg_id)
 
     def branches(self, conv_id: int) -> dict[int, tuple[int, int]]:
         """msg_id -> (index, count) for every message with other versions (1-based index)."""
         groups: dict[int | None, list[int]] = {}
-        for m in self.store.all_messages(conv_id):
-            groups.setdefault(m.parent_id, []).append(m.id)
+        for mid, parent in self.store.parents(conv_id).items():
+            groups.setdefault(parent, []).append(mid)
         return {mid: (i + 1, len(ids)) for ids in groups.values() if len(ids) > 1
                 for i, mid in enumerate(ids)}
 
@@ -113,7 +121,7 @@ class Conversations:
         return target
 
     def attachments(self, conv_id: int) -> dict[int, list[Attachment]]:
-        return self.store.attachments([m.id for m in self.store.messages(conv_id)])
+        return self.store.attachments(self.store.path_ids(conv_id))
 
     def context_from(self, conv_id: int) -> int | None:
         return self.store.context_from(conv_id)
@@ -211,7 +219,10 @@ class Conversations:
     # -- settings ----------------------------------------------------------------------------
     def settings_for(self, conv_id: int) -> ChatSettings:
         conv = self.get(conv_id)
-        return ChatSettings.from_dict(conv.settings if conv else None, base=self.defaults)
+        settings, bad = ChatSettings.parse(conv.settings if conv else None, base=self.defaults)
+        if bad:
+            self.store.note_problem(conv_id, f"its {', '.join(bad)} setting")
+        return settings
 
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
         self.store.set_conversation_settings(conv_id, settings.to_dict())
@@ -231,7 +242,8 @@ class Conversations:
         self.store.set_setting("preferences", prefs)
 
     def last_model(self) -> str | None:
-        return self.store.get_setting("last_model")
+        last = self.store.get_setting("last_model")
+        return last if isinstance(last, str) else None
 
     def remember_model(self, path: str) -> None:
         self.store.set_setting("last_model", path)

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -103,6 +104,9 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self._build_ui()
         self._build_menus()
         self._connect()
+        for conv_id, text in self.store.problems:  # found while opening the store
+            self.on_store_problem(conv_id, text)
+        self.store.on_problem = self.on_store_problem
         self.aux = AuxWindows(self, self.worker, self.model, on_load=self.load_model,
                               on_tune=self.tune_model, store=self.store)
         self.server = ServerControl(self.worker, self.model, self.store, self)
@@ -127,6 +131,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.sidebar = Sidebar(self)
         self.picker = ModelPicker(self)
         self.view = ConversationView(self)
+        self.view.full_loader = self._full_text
         self.chat_area = self.view  # the shell's name for it
         self.composer = Composer(self)
         self.settings_panel = ChatSettingsPanel(self)
@@ -168,6 +173,28 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.splitter.setSizes([250, 900, 300])
         self.setCentralWidget(self.splitter)
         self.statusBar().setAccessibleName("Status")
+        self._build_data_notice()
+
+    def _build_data_notice(self) -> None:
+        """A lasting, dismissable line in the status bar naming chats with damaged values."""
+        box = QWidget(self)
+        hl = QHBoxLayout(box)
+        hl.setContentsMargins(0, 0, 0, 0)
+        hl.setSpacing(2)
+        self.data_notice = QLabel("", box)
+        self.data_notice.setObjectName("errorText")
+        self.data_notice.setAccessibleName("Damaged chat data")
+        close = QToolButton(box)
+        close.setObjectName("msgAction")
+        close.setText("×")
+        close.setAccessibleName("Dismiss the damaged chat data notice")
+        close.clicked.connect(box.hide)
+        hl.addWidget(self.data_notice)
+        hl.addWidget(close)
+        box.hide()
+        self.data_notice_box = box
+        self.data_notices: list[str] = []
+        self.statusBar().addPermanentWidget(box)
 
     def _build_menus(self) -> None:
         mb = self.menuBar()
@@ -421,6 +448,22 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
                               QMessageBox.StandardButton.Ok, self)
             box.setObjectName("storeNoticeDialog")
             QTimer.singleShot(0, box.open)
+
+    def _full_text(self, msg_id: int) -> str:
+        """A message's whole text (the view reads only the start of a long one)."""
+        msg = self.conversations.message(msg_id)
+        return msg.content if msg is not None else ""
+
+    def on_store_problem(self, _conv_id: int | None, text: str) -> None:
+        """A bad value in the chat database was ignored (``ChatStore.note_problem`` logged
+        it with the file): say which chat in the status bar, without interrupting."""
+        self.data_notices.append(text)
+        more = len(self.data_notices) - 1
+        line = self.data_notices[0] + (f" (and {more} more)" if more else "")
+        fm = self.data_notice.fontMetrics()
+        self.data_notice.setText(fm.elidedText(line, Qt.TextElideMode.ElideMiddle, 640))
+        self.data_notice.setToolTip("\n".join(self.data_notices) + "\n\nDetails are in the log.")
+        self.data_notice_box.show()
 
     @Slot(str)
     def show_storage_message(self, text: str) -> None:

@@ -17,6 +17,8 @@ from typing import Literal
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 SOFT_LIMIT = 1200  # characters after which a prose chunk may be cut before a list item/heading
+HARD_LIMIT = 16_000  # a prose chunk or one line is cut here whatever follows (bounded renders)
+PREVIEW_CHARS = 100_000  # a longer message shows its first part; the whole is one click away
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
 _SPLIT_POINT = re.compile(r"^(?:[-*+] |\d{1,9}[.)] |#{1,6} )")
@@ -66,10 +68,35 @@ class Block:
     body_start: int = -1  # code: where the code itself starts (after the opening fence line)
 
 
+def preview_cut(text: str, limit: int = PREVIEW_CHARS) -> int:
+    """Where to cut ``text`` to show at most ``limit`` characters: ``len(text)`` when it fits,
+    else at a paragraph or line end in the last tenth before ``limit``, else at ``limit``."""
+    if len(text) <= limit:
+        return len(text)
+    floor = limit - limit // 10
+    for sep in ("\n\n", "\n"):
+        i = text.rfind(sep, floor, limit)
+        if i >= 0:
+            return i + len(sep)
+    return limit
+
+
+def _bounded_lines(text: str) -> list[str]:
+    """``text``'s lines (ends kept), a line longer than ``HARD_LIMIT`` cut into pieces of that
+    size: the regular expressions and Qt's layout then never see one unbounded line."""
+    lines = text.splitlines(keepends=True)
+    if all(len(line) <= HARD_LIMIT for line in lines):
+        return lines
+    out: list[str] = []
+    for line in lines:
+        out.extend(line[i:i + HARD_LIMIT] for i in range(0, len(line), HARD_LIMIT))
+    return out
+
+
 def split_blocks(text: str) -> list[Block]:
     """Cut ``text`` into top-level blocks (see the module docstring)."""
     blocks: list[Block] = []
-    lines = text.splitlines(keepends=True)
+    lines = _bounded_lines(text)
     pos = 0
     i = 0
     while i < len(lines):
@@ -124,7 +151,7 @@ def _take_prose(lines: list[str], i: int, pos: int, blocks: list[Block], text: s
                 j += 1
             if j >= len(lines) or not lines[j][:1].isspace() or _FENCE.match(lines[j]):
                 break
-        elif size > SOFT_LIMIT and _SPLIT_POINT.match(line):
+        elif size > SOFT_LIMIT and _SPLIT_POINT.match(line) or size + len(line) > HARD_LIMIT:
             break
         size += len(line)
         pos += len(line)
@@ -146,7 +173,9 @@ def stable_count(text: str, blocks: list[Block], *, final: bool) -> int:
     return n
 
 
-_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+# A code span opens and closes with whole backtick runs of one length (CommonMark); matching
+# only whole runs also keeps a line of thousands of backticks linear, not cubic, to scan.
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 _DUNDER = re.compile(r"(?<![\w\\])__([A-Za-z0-9][A-Za-z0-9_]*?)__(?!\w)")
 
 

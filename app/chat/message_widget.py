@@ -1,17 +1,22 @@
 """One message on screen: a user bubble, or an assistant reply (think card, Markdown, stats).
 
 ``MessageWidget.update_content`` may be called repeatedly while a reply streams; the think
-card and the Markdown flow below it update incrementally (see ``app.chat.flow``).
+card and the Markdown flow below it update incrementally (see ``app.chat.flow``). A message
+longer than ``PREVIEW_CHARS`` shows its first part and a "Show full message (X MB)" button
+that opens the whole text in a plain-text window (``app.chat.full_text``).
 Signals: ``edit_requested(msg_id)``, ``regenerate_requested(msg_id)``, ``copied(str)``.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
 from app.chat.flow import MarkdownFlow
-from app.chat.markdown import split_think
+from app.chat.full_text import FullTextDialog, size_text
+from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
 from app.chat.stats_line import format_stats
 
 
@@ -96,7 +101,10 @@ class MessageWidget(QFrame):
         self.msg_id = msg_id
         self.role = role
         self.tint = tint
-        self.content = ""
+        self.content = ""       # what was given: the whole text, or its first part
+        self.full_length = 0    # the whole text's length in characters
+        self.shown = ""         # what is rendered (at most PREVIEW_CHARS)
+        self.full_loader: Callable[[int], str] | None = None  # msg_id -> the whole text
         self._streaming = False
         self._regen_wanted = False
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
@@ -120,6 +128,12 @@ class MessageWidget(QFrame):
             self.body = MarkdownFlow(self, tint=tint)
             self.body.setAccessibleName("Reply")
         self._lay.addWidget(self.body)
+        self.more_button = _action(self, "", "Show full message",
+                                   "This message is long: only its beginning is shown here")
+        self.more_button.clicked.connect(self.show_full)
+        self.more_button.hide()
+        self._lay.addWidget(self.more_button, 0, Qt.AlignmentFlag.AlignLeft)
+        self.full_dialog: FullTextDialog | None = None
         self.error_label = QLabel(self)
         self.error_label.setObjectName("errorText")
         self.error_label.setWordWrap(True)
@@ -168,7 +182,7 @@ class MessageWidget(QFrame):
             return hint
         # A user bubble is as wide as its longest line (up to its maximum width).
         fm = self.body.fontMetrics()
-        longest = max((fm.horizontalAdvance(line) for line in self.content.splitlines() or [""]),
+        longest = max((fm.horizontalAdvance(line) for line in self.shown.splitlines() or [""]),
                       default=0)
         m = self._lay.contentsMargins()
         actions = sum(b.sizeHint().width() for b in (self.copy_button, self.edit_button)) + 12
@@ -203,8 +217,27 @@ class MessageWidget(QFrame):
         row.addStretch(1)
         self._lay.insertLayout(1, row)
 
+    def full_text(self) -> str:
+        """The whole message (read back through ``full_loader`` when only a part was given)."""
+        if len(self.content) < self.full_length and self.full_loader is not None:
+            return self.full_loader(self.msg_id)
+        return self.content
+
+    def show_full(self) -> FullTextDialog:
+        text = self.full_text()
+        who = "Your message" if self.role == "user" else "Reply"
+        self.full_dialog = FullTextDialog(f"{who} ({size_text(len(text))})", text, self.window())
+        self.full_dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.full_dialog.destroyed.connect(self._forget_dialog)
+        self.full_dialog.show()
+        return self.full_dialog
+
+    def _forget_dialog(self) -> None:
+        self.full_dialog = None
+
     def copy(self) -> None:
-        text = split_think(self.content).answer if self.role == "assistant" else self.content
+        full = self.full_text()
+        text = split_think(full).answer if self.role == "assistant" else full
         QGuiApplication.clipboard().setText(text.strip())
         self.copied.emit(text)
 
@@ -217,13 +250,26 @@ class MessageWidget(QFrame):
         self.regen_button.setVisible(self._regen_wanted and not self._streaming)
         self.regen_button.setEnabled(regenerate)
 
-    def update_content(self, content: str, meta: dict, *, final: bool) -> None:
+    def update_content(self, content: str, meta: dict, *, final: bool,
+                       full_length: int | None = None) -> None:
+        """``content`` is the whole text, or (``full_length`` longer) its first part."""
         self.content = content
+        self.full_length = max(len(content), full_length or 0)
+        shown = content[:preview_cut(content)] if len(content) > PREVIEW_CHARS else content
+        if len(shown) < self.full_length:
+            self.more_button.setText(f"Show full message ({size_text(self.full_length)})")
+            self.more_button.setToolTip(f"Only the first {len(shown):,} of {self.full_length:,} "
+                                        "characters are shown here; open the whole message as "
+                                        "plain text")
+        self.more_button.setVisible(len(shown) < self.full_length)
+        if shown == self.shown and self.role == "user":
+            return
+        self.shown = shown
         if self.role == "user":
-            self.body.setText(content)
+            self.body.setText(shown)
             return
         spans = meta.get("draft_spans") or []
-        parts = split_think(content)
+        parts = split_think(shown)
         if parts.think is not None:
             if self.think is None:
                 self.think = ThinkCard(self, tint=self.tint)

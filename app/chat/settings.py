@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from engine.types import MAX_DEPTH, SamplingParams
 
 DEPTH_CHOICES: tuple[int | str, ...] = ("auto", *range(MAX_DEPTH + 1))
+MAX_NUMBER = 2**31 - 1  # a numeric setting above this (a Qt spin box's int) is a damaged one
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,26 @@ class ChatSettings:
     @classmethod
     def from_dict(cls, data: dict | None, *, base: ChatSettings | None = None) -> ChatSettings:
         """Tolerant: unknown keys are ignored, bad values fall back to ``base`` (or defaults)."""
+        return cls.parse(data, base=base)[0]
+
+    @classmethod
+    def parse(cls, data: dict | None, *, base: ChatSettings | None = None
+              ) -> tuple[ChatSettings, list[str]]:
+        """``from_dict``, and the keys whose values were bad (not a number, not finite, out of
+        any usable range: e.g. ``top_k: 1e300``) and fell back."""
         out = base or cls()
-        if not data:
-            return out
-        known = {f.name: f for f in fields(cls)}
-        clean = {}
+        if not isinstance(data, dict) or not data:
+            return out, ([] if not data else ["all"])
+        known = {f.name for f in fields(cls)}
+        clean, bad = {}, []
         for key, value in data.items():
             if key not in known:
                 continue
-            default = getattr(out, key)
             try:
-                clean[key] = _coerce(key, value, default)
-            except (TypeError, ValueError):
-                continue
-        return replace(out, **clean)
+                clean[key] = _coerce(key, value, getattr(out, key))
+            except (TypeError, ValueError, OverflowError):
+                bad.append(key)
+        return replace(out, **clean), bad
 
 
 def _coerce(key: str, value, default):
@@ -64,8 +71,13 @@ def _coerce(key: str, value, default):
         return v
     if isinstance(default, bool):
         return bool(value)
-    if isinstance(default, int):
-        return int(value)
-    if isinstance(default, float):
-        return float(value)
-    return str(value)
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError(key)
+        v = float(value)
+        if not 0 <= v <= MAX_NUMBER:  # NaN, infinities and 1e300 too: no widget holds them
+            raise ValueError(key)
+        return int(v) if isinstance(default, int) else v
+    if not isinstance(value, str):
+        raise TypeError(key)
+    return value

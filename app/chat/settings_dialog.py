@@ -221,10 +221,12 @@ class AppPreferences:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> AppPreferences:
-        d = d or {}
+        d = d if isinstance(d, dict) else {}
         theme = d.get("theme", "system")
-        return cls(theme=theme if theme in THEME_MODES else "system",
-                   font_size=int(d.get("font_size", 0) or 0),
+        size = d.get("font_size", 0)
+        ok = isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= 96
+        return cls(theme=theme if isinstance(theme, str) and theme in THEME_MODES else "system",
+                   font_size=size if ok else 0,
                    show_speculation=bool(d.get("show_speculation", False)))
 
 

@@ -7,6 +7,7 @@ Every figure is read from the reply's ``engine.summary.ReplySummary`` (live, fro
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,15 +39,20 @@ class ReplyFigures:
 
     @classmethod
     def from_meta(cls, d: Mapping) -> ReplyFigures:
-        """A persisted summary: ``ReplySummary.to_dict()``, or an older row."""
-        depth_max = d.get("depth_max", d.get("depth", 0)) or 0
-        acceptance = d.get("draft_acceptance", d.get("acceptance_rate"))
-        return cls(tokens=d.get("tokens", 0) or 0, prompt_tokens=d.get("prompt_tokens", 0) or 0,
-                   tokens_per_s=d.get("tokens_per_s", 0.0) or 0.0, ttft_s=d.get("ttft_s"),
-                   cycles=d.get("cycles", 0) or 0,
-                   tokens_per_cycle=d.get("tokens_per_cycle", 0.0) or 0.0,
-                   accepted_per_cycle=d.get("accepted_per_cycle", 0.0) or 0.0,
-                   depth_min=d.get("depth_min") or depth_max, depth_max=depth_max,
+        """A persisted summary: ``ReplySummary.to_dict()``, or an older row (a figure that
+        is not a number reads as absent)."""
+        def num(key: str, default=0):
+            v = d.get(key, default)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return v if ok else default
+
+        depth_max = int(num("depth_max", num("depth", 0)) or 0)
+        acceptance = num("draft_acceptance", num("acceptance_rate", None))
+        return cls(tokens=int(num("tokens")), prompt_tokens=int(num("prompt_tokens")),
+                   tokens_per_s=num("tokens_per_s", 0.0), ttft_s=num("ttft_s", None),
+                   cycles=int(num("cycles")), tokens_per_cycle=num("tokens_per_cycle", 0.0),
+                   accepted_per_cycle=num("accepted_per_cycle", 0.0),
+                   depth_min=int(num("depth_min") or depth_max), depth_max=depth_max,
                    draft_acceptance=acceptance)
 
 
@@ -55,7 +61,7 @@ def figures(summary: ReplySummary | Mapping | None) -> ReplyFigures | None:
         return None
     if isinstance(summary, ReplySummary):
         return ReplyFigures.of(summary)
-    return ReplyFigures.from_meta(summary) if summary else None
+    return ReplyFigures.from_meta(summary) if isinstance(summary, Mapping) and summary else None
 
 
 def format_stats(summary: ReplySummary | Mapping | None) -> str:

@@ -8,6 +8,8 @@ from PySide6.QtCore import QStandardPaths, Qt, Slot
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
+from app.chat.markdown import PREVIEW_CHARS
+
 
 class ConversationActions:
     """Needs the window's ``conversations``, ``session``, ``sidebar``, ``view``, ``composer``,
@@ -46,8 +48,8 @@ class ConversationActions:
         if conv is None:
             self.view.show_conversation(None, [])
             return
-        self.view.show_conversation(conv, self.conversations.messages(conv),
-                                    self.session.live_messages(conv),
+        shown = self.conversations.messages(conv, preview=PREVIEW_CHARS + 1)  # not 50 MB pastes
+        self.view.show_conversation(conv, shown, self.session.live_messages(conv),
                                     branches=self.conversations.branches(conv),
                                     attachments=self.conversations.attachments(conv))
         self.view.update_actions(busy=self.session.busy)

@@ -73,7 +73,7 @@ class DownloadJob(QObject):
         return not self.running
 
     def _run(self) -> None:
-        from engine.pull import pull
+        from engine.pull import pull, release_thread_streams
 
         try:
             result = pull(self.repo_id, revision=self.revision, convert_bits=self.convert_bits,
@@ -82,6 +82,8 @@ class DownloadJob(QObject):
         except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised in a thread
             _emit(self._ended, None, _message(exc))
             return
+        finally:
+            release_thread_streams()  # (a conversion ran MLX on this thread)
         _emit(self._ended, result, "")
 
     def _on_ended(self, result, error: str) -> None:

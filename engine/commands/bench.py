@@ -188,6 +188,10 @@ def run(args) -> int:
 
         return _run_reopen(args, [parse_depth(d.strip()) for d in args.depths.split(",")
                                   if d.strip()])
+    if args.prompts:
+        from engine.bench import read_prompt_file
+
+        read_prompt_file(args.prompts)  # a bad file is refused before the model loads
     from engine import SamplingParams, default_model_path, load
     from engine.bench import load_prompt_sets, mixed_prompt_sets, run_bench
     from engine.commands.generate import parse_depth

@@ -62,7 +62,7 @@ def _printer(as_json: bool):
 
 def run(args) -> int:
     from engine.hub import parse_repo_ref
-    from engine.pull import pull
+    from engine.pull import pull, release_thread_streams
     from engine.store import Store
 
     repo_id, url_rev = parse_repo_ref(args.repo)
@@ -80,6 +80,8 @@ def run(args) -> int:
                 read_timeout_s=args.timeout, max_retries=args.retries)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             box["error"] = exc
+        finally:
+            release_thread_streams()
 
     t = threading.Thread(target=work, name="pull", daemon=True)
     t.start()
@@ -96,6 +98,8 @@ def run(args) -> int:
         from dataclasses import asdict
 
         print(json.dumps({"event": "result", **asdict(res)}), flush=True)
+    elif res.up_to_date:
+        print(f"{res.name} is already installed (up to date) in {res.path}; nothing downloaded")
     elif res.status == "installed":
         print(f"installed {res.name} in {res.path} ({_fmt_bytes(res.bytes_fetched)} downloaded"
               f"{', ' + _fmt_bytes(res.resumed_bytes) + ' resumed' if res.resumed_bytes else ''}"

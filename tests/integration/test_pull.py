@@ -159,3 +159,64 @@ def test_pull_convert_killed_mid_way_resumes_without_redoing_shards(tmp_path):
     assert served.get("model-00004-of-00004.safetensors")
     info = json.loads(_engine("inspect", result["path"], "--json", env=env).stdout)
     assert info["has_mtp"] and info["quantization"]["bits"] == 4 and info["supported"]
+
+
+def test_pulling_an_installed_unchanged_model_again_downloads_nothing(repos, tmp_path):
+    from tests.fakehub import FakeRepo
+
+    repo = FakeRepo(dict(repos["tiny/no-mtp"].files))
+    models = tmp_path / "models"
+    with FakeHub({"tiny/no-mtp": repo}) as fake:
+        env = subprocess_env(fake, tmp_path / "home")
+        first = _engine("pull", "tiny/no-mtp", "--models-dir", str(models), env=env)
+        assert "installed tiny--no-mtp" in first.stdout
+        marker = (models / "tiny--no-mtp" / ".mtpchat" / "installed.json").read_bytes()
+
+        fake.reset_counts()
+        again = _engine("pull", "tiny/no-mtp", "--models-dir", str(models), env=env)
+        assert "already installed (up to date)" in again.stdout, again.stdout
+        assert sum(fake.served_for("tiny/no-mtp").values()) == 0
+        assert (models / "tiny--no-mtp" / ".mtpchat" / "installed.json").read_bytes() == marker
+        as_json = _engine("pull", "tiny/no-mtp", "--json", "--models-dir", str(models), env=env)
+        result = json.loads(as_json.stdout.strip().splitlines()[-1])
+        assert result["up_to_date"] and result["status"] == "installed"
+        assert result["bytes_fetched"] == 0
+
+        (models / "tiny--no-mtp" / "config.json").unlink()  # damaged locally: fetched again
+        fake.reset_counts()
+        _engine("pull", "tiny/no-mtp", "--models-dir", str(models), env=env)
+        assert sum(fake.served_for("tiny/no-mtp").values()) > 0
+
+        repo.files["tokenizer_config.json"] = repo.files["tokenizer_config.json"] + b" "
+        fake.reset_counts()  # a new revision on the Hub: fetched again
+        out = _engine("pull", "tiny/no-mtp", "--models-dir", str(models), env=env)
+        assert "already installed" not in out.stdout
+        assert fake.served_for("tiny/no-mtp").get("tokenizer_config.json")
+
+
+def test_pull_convert_again_is_a_no_op_too(repos, tmp_path):
+    models = tmp_path / "models"
+    with FakeHub(repos) as fake:
+        env = subprocess_env(fake, tmp_path / "home")
+        args = ("pull", "tiny/mtp", "--convert", "--bits", "8", "--models-dir", str(models))
+        _engine(*args, env=env, timeout=300)
+        fake.reset_counts()
+        again = _engine(*args, env=env, timeout=300)
+    assert "already installed (up to date)" in again.stdout, again.stdout
+    assert sum(fake.served_for("tiny/mtp").values()) == 0
+
+
+@pytest.mark.slow
+def test_pull_convert_never_aborts_at_exit(repos, tmp_path):
+    """MLX ran on the pull thread; its thread-local streams, left to their destructors, now and
+    then aborted the process after "installed" (exit -6, "terminate called without an active
+    exception": 3 of 30 runs before the fix, 0 of 30 after)."""
+    with FakeHub(repos) as fake:
+        codes = []
+        for i in range(12):
+            env = subprocess_env(fake, tmp_path / f"home{i}")
+            out = _engine("pull", "tiny/mtp", "--convert", "--bits", "8", "--models-dir",
+                          str(tmp_path / f"models{i}"), env=env, timeout=300, check=False)
+            codes.append(out.returncode)
+            assert "terminate called" not in out.stderr, out.stderr
+    assert codes == [0] * len(codes)

@@ -6,6 +6,7 @@ index and two shards; None: no folder), ``edit`` breaks the copy (``tests.reliab
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,5 +179,46 @@ CLI = [
     Case("cli", "unknown-verb", ("frobnicate",), 2, ("invalid choice",), base=None),
 ]
 
-CASES = LOAD + INSPECT + PATHS + NAMES + STORE + TEMPLATES + CLI
+
+
+def prompts_file(text: str | None = None, *, kind: str = "file"):
+    """An edit that puts ``p.json`` in the case's folder: ``text``, a FIFO, a folder, Latin-1
+    bytes, or nothing."""
+    def edit(folder: Path) -> None:
+        path = folder / "p.json"
+        if kind == "fifo":
+            os.mkfifo(path)  # opening it would block until a writer came: never
+        elif kind == "dir":
+            path.mkdir()
+        elif kind == "latin1":
+            path.write_bytes(b'["caf\xe9"]')
+        elif text is not None:
+            path.write_text(text)
+    return edit
+
+
+def bench_prompts(id_, edit, *words):
+    """``bench --prompts FILE`` refuses a bad FILE in one line naming it: no fallback to the
+    built-in prompts, no traceback, before the model is loaded."""
+    return Case("bench prompts", id_, ("bench", "--prompts", "{m}/p.json", "--max-tokens", "1",
+                                       "--repeats", "1", "--depths", "0", "--no-mlx-lm"),
+                2, ("p.json", *words), "tiny", edit)
+
+
+BENCH_PROMPTS = [
+    bench_prompts("number", prompts_file("5"), "a number (5)", "list of prompts"),
+    bench_prompts("object-of-number", prompts_file('{"a": 5}'), "class 'a'", "a number (5)"),
+    bench_prompts("empty-list", prompts_file("[]"), "no prompts"),
+    bench_prompts("class-with-empty-list", prompts_file('{"a": []}'), "class 'a'", "no prompts"),
+    bench_prompts("empty-object", prompts_file("{}"), "no prompt classes"),
+    bench_prompts("prompt-not-a-string", prompts_file('["hi", 5]'), "prompt 2",
+                  "not a non-empty string"),
+    bench_prompts("malformed-json", prompts_file('{"a": [}'), "not valid JSON", "line 1"),
+    bench_prompts("not-utf8", prompts_file(kind="latin1"), "not UTF-8"),
+    bench_prompts("missing", prompts_file(None, kind="none"), "No such file"),
+    bench_prompts("folder", prompts_file(kind="dir"), "a folder"),
+    bench_prompts("fifo", prompts_file(kind="fifo"), "not a regular file"),
+]
+
+CASES = LOAD + INSPECT + PATHS + NAMES + STORE + TEMPLATES + CLI + BENCH_PROMPTS
 assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
