@@ -254,9 +254,14 @@ def test_queued_client_leaving_is_not_a_server_error(tmp_path):
         watch = Log(server)
         first: list[httpx.Response] = []
         busy = threading.Thread(target=lambda: first.append(_post(server, "/v1/completions", {
-            "prompt": "Once", "max_tokens": 500, "response_format": LONG}, timeout=90)))
+            "prompt": "Once", "max_tokens": 1500, "response_format": LONG}, timeout=90)))
         busy.start()
-        time.sleep(0.5)
+        # the first must be decoding (its schema compiles first, off the loop) before the
+        # second is sent, or the second would run first and not queue
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health", timeout=5).json()["busy"] < 1:
+            assert time.monotonic() < deadline and busy.is_alive(), first
+            time.sleep(0.05)
         with pytest.raises(httpx.TimeoutException):  # queued behind the first, gives up
             _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 4}, timeout=2)
         busy.join(90)
