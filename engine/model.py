@@ -53,12 +53,7 @@ class Model:
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
         """Apply the model's chat template (sandboxed, with a time and size budget)."""
-        from engine.chat_template import chat_ids
-
-        return chat_ids(self.tokenizer, messages, enable_thinking=enable_thinking,
-                        supports_thinking=self.info.supports_thinking,
-                        add_generation_prompt=add_generation_prompt,
-                        max_tokens=self.prompt_limit(), context=self.info.context_length)
+        return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
 
     def prompt_limit(self) -> int:
         """The most prompt tokens a reply can start from now: the context less one, and
@@ -115,12 +110,19 @@ class PromptView:
 
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
-        from engine.chat_template import chat_ids
+        return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
 
-        return chat_ids(self.tokenizer, messages, enable_thinking=enable_thinking,
-                        supports_thinking=self.info.supports_thinking,
-                        add_generation_prompt=add_generation_prompt,
-                        max_tokens=self.prompt_limit(), context=self.info.context_length)
+
+def _chat_ids(owner, messages: list[dict], enable_thinking: bool | None,
+              add_generation_prompt: bool) -> list[int]:
+    """``owner``'s chat template over ``messages``, within its prompt limit (a ``Model`` or
+    its ``PromptView``: the same rendering, each with its own tokenizer)."""
+    from engine.chat_template import chat_ids
+
+    return chat_ids(owner.tokenizer, messages, enable_thinking=enable_thinking,
+                    supports_thinking=owner.info.supports_thinking,
+                    add_generation_prompt=add_generation_prompt,
+                    max_tokens=owner.prompt_limit(), context=owner.info.context_length)
 
 
 def load(path: str | Path, *, dtype: str | None = None) -> Model:
