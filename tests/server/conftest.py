@@ -34,9 +34,12 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
 
-def start_serve(tmp: Path, *args: str, timeout: float = 90, preexec_fn=None) -> ServerProcess:
-    env = dict(os.environ, MTPCHAT_HOME=str(tmp), PYTHONPATH=str(ROOT),
-               OPENBLAS_NUM_THREADS="1")
+def start_serve(tmp: Path, *args: str, timeout: float = 90, preexec_fn=None,
+                env: dict | None = None) -> ServerProcess:
+    from engine.server.guard import ORIGINS_ENV
+
+    env = dict({k: v for k, v in os.environ.items() if k != ORIGINS_ENV}, MTPCHAT_HOME=str(tmp),
+               PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--json", "--port", "0",
                              *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)

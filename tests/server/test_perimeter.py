@@ -10,11 +10,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import resource
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import psutil
 import pytest
 
 from engine.server import connections, guard
+from tests.server.conftest import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -70,24 +69,10 @@ def _limits(nofile: tuple[int, int] | None):
 
 def serve(tmp: Path, *args: str, nofile: tuple[int, int] | None = None, env: dict | None = None,
           timeout: float = 90) -> Served:
-    environ = {k: v for k, v in os.environ.items() if k != guard.ORIGINS_ENV}
-    environ.update(MTPCHAT_HOME=str(tmp), PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1",
-                   **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--json", "--port", "0",
-                             "--drain-seconds", "1", *args], cwd=ROOT, env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_limits(nofile))  # noqa: PLW1509 - only setrlimit
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    deadline = time.time() + timeout
-    while not lines and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    if not lines:
-        proc.kill()
-        raise RuntimeError(f"serve did not start: {proc.stderr.read()[-2000:]}")
-    info = json.loads(lines[0])
-    served = Served(proc, info["url"], info["model"])
-    threading.Thread(target=lambda: served.stderr.extend(proc.stderr), daemon=True).start()
+    started = start_serve(tmp, "--drain-seconds", "1", *args, timeout=timeout, env=env,
+                          preexec_fn=_limits(nofile))
+    served = Served(started.proc, started.url, started.model)
+    served.stderr = started.stderr  # filled by start_serve's reader
     return served
 
 
