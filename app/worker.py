@@ -2,7 +2,7 @@
 loads the models and hosts the engine's scheduler (``engine.server.scheduler.Scheduler``):
 chat replies and local-server requests queue together in its FIFO and run on this thread, so
 they never race for the model (MLX streams are thread-local); when several are in flight they
-decode together in one batch (``engine.batching``, up to ``DEFAULT_STREAMS``).
+decode together in one batch (``engine.decoding.decoder``, up to ``DEFAULT_STREAMS``).
 
 Contract
 --------
@@ -58,7 +58,7 @@ import engine
 from app.errors import describe
 from engine import tuner
 from engine.errors import EngineError
-from engine.batching import DEFAULT_STREAMS
+from engine.decoding.decoder import DEFAULT_STREAMS
 from engine.server.scheduler import (
     Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
 from engine.types import Event, SamplingParams

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from engine.adaptive_sim import Workload
 from engine.resources import resources_dir
+from engine.core.carryover import carryover_of
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def record(model, prompts: dict[str, list[str]], sampling, *, depth: int = 4,
         for seed in range(seeds):
             for i, prompt in enumerate(ids):
                 for d in range(depth + 1):
-                    model.reset_prompt_cache()
+                    carryover_of(model).reset_prompt_cache()
                     cycles, tokens = [], 0
                     for ev in model.generate(prompt, max_tokens=max_tokens, depth=d,
                                              sampling=sampling, seed=100 * seed + i):
@@ -107,7 +108,7 @@ if __name__ == "__main__":  # re-record the demo model's workloads (a few minute
     from engine.bench import mixed_prompt_sets
 
     m = engine.load(engine.default_model_path())
-    m.disk_cache = None
+    carryover_of(m).disk_cache = None
     sets = mixed_prompt_sets(m, None)
     record_file(default_path(), m, {k: sets[k] for k in ("in-domain", "out-of-domain")})
     print(default_path())

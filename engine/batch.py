@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from engine import rowcache
 from engine.rowcache import RowKVCache
 from engine.session import Session
 from engine.trunk import forward_hidden, lm_head
@@ -91,8 +90,10 @@ class Batch:
         for mine, theirs in zip(self.trunk_cache, s.trunk_cache):
             if isinstance(mine, RowKVCache):
                 mine.join(theirs)
+            elif mine.cache[0] is None:  # the first row
+                mine.cache = list(theirs.cache)
             else:
-                rowcache.join_arrays(mine, theirs)
+                mine.extend(theirs)
         if self.use_mtp:
             for mine, theirs in zip(self.mtp_cache, s.mtp_cache):
                 if theirs.keys is None:  # a one-token prompt: no pair committed yet
@@ -113,8 +114,14 @@ class Batch:
         """Remove ``rows``; the others keep their order."""
         gone = set(rows)
         keep = [b for b in range(self.size) if b not in gone]
+        idx = mx.array(keep, dtype=mx.int32)
         for c in self.trunk_cache + (self.mtp_cache or []):
-            c.take(keep) if isinstance(c, RowKVCache) else rowcache.take_arrays(c, keep)
+            if isinstance(c, RowKVCache):
+                c.take(keep)
+            elif keep:
+                c.filter(idx)
+            else:
+                c.cache = [None] * len(c.cache)
         self.fed = [self.fed[b] for b in keep]
         self.pending = [self.pending[b] for b in keep]
         self.tracked = [self.tracked[b] for b in keep]
@@ -127,7 +134,7 @@ class Batch:
         s = Session.fresh(self.model, use_mtp=self.use_mtp)
         mark = mark or [None] * len(self.trunk_cache)
         s.trunk_cache = [(c.extract(b, None if m is None else m[b]) if isinstance(c, RowKVCache)
-                          else rowcache.extract_arrays(c if m is None else m, b))
+                          else _extract_arrays(c if m is None else m, b))
                          for c, m in zip(self.trunk_cache, mark)]
         if self.use_mtp:
             s.mtp_cache = [c.extract(b) for c in self.mtp_cache]
@@ -140,6 +147,11 @@ class Batch:
         s.last_logits = lm_head(self.model.text_model, s.last_hidden[:, -1])
         s.mtp_ok = self.tracked[b]
         return s
+
+    def trunk_state(self) -> list:
+        """Every trunk cache array (to evaluate them, e.g. when profiling)."""
+        return [a for c in self.trunk_cache for a in
+                ((c.keys, c.values) if isinstance(c, RowKVCache) else c.cache)]
 
     # -- the MTP head's forwards ------------------------------------------------------------
     def mtp_first(self, x0s: list[int]) -> mx.array:
@@ -261,6 +273,18 @@ def _select(pick: mx.array, *steps: mx.array) -> mx.array:
     out = steps[0]
     for j in range(1, len(steps)):
         out = mx.where(pick == j, steps[j], out)
+    return out
+
+
+def _extract_arrays(cache: ArraysCache | list, b: int) -> ArraysCache:
+    """Row b of a GDN cache (or of its arrays as ``mark`` kept them) as a stand-alone
+    ``ArraysCache``: mlx-lm's ``extract``, copied so it does not hold the batch's buffers."""
+    if isinstance(cache, list):
+        whole = ArraysCache(len(cache))
+        whole.cache = list(cache)
+        cache = whole
+    out = cache.extract(b)
+    out.cache = [mx.contiguous(a) for a in out.cache]
     return out
 
 

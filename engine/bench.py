@@ -14,6 +14,7 @@ import mlx.core as mx
 from engine.drafters import ReplayDrafter
 from engine.summary import ReplyTally, round_rates, summarize_cycles
 from engine.types import DraftMode, SamplingParams
+from engine.core.carryover import carryover_of
 
 DEFAULT_PROMPTS = {
     "generic": ["Write a short story about a robot learning to paint.",
@@ -146,7 +147,7 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
               draft_mode: DraftMode = "filtered", progress=None) -> dict:
     """Returns {"classes": {cls: {label: {...}}}, ...} with median tok/s. ``draft_mode`` is
     the MTP head's draft policy (``engine.drafters``)."""
-    model.disk_cache = None  # every run prefills (the disk prompt cache would skip it)
+    carryover_of(model).disk_cache = None  # every run prefills (no disk prompt cache)
     encoded = {c: [model.chat_ids([{"role": "user", "content": p}]) if chat else
                    list(model.tokenizer.encode(p, add_special_tokens=False)) for p in ps]
                for c, ps in prompts.items()}
@@ -181,7 +182,7 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
 def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, params, seed,
          replay, profile, draft_mode) -> tuple[int, float]:
     """One prompt under one decoder: (decode tokens, decode seconds)."""
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     mx.reset_peak_memory()
     if lab == "mlx_lm":
         tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
@@ -191,7 +192,7 @@ def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, par
         drafter = None
         if replay and depth != 0:
             ref = _engine_run(model, ids, 0, max_tokens, params, seed + i)
-            model.reset_prompt_cache()
+            carryover_of(model).reset_prompt_cache()
             drafter = ReplayDrafter(ref.token_ids)
         t = _engine_run(model, ids, depth, max_tokens, params, seed + i, drafter, profile,
                         draft_mode)

@@ -6,8 +6,9 @@ draft is deterministic, i.e. q is one-hot). Exactness needs only that the drafts
 from q (MTP_SPEC §5). ``undo(proposal)`` forgets a proposal whose cycle will never be
 verified (cancel, or a consumer closing the reply early).
 
-``MTPDrafter`` is the product's drafter: the model's own MTP head, through the ``Session``'s
-MTP cache. ``ReplayDrafter`` proposes a known continuation (e.g. the depth-0 output for the
+The product drafts with the model's own MTP head, for every row of a batch at once
+(``engine.decoding.proposer``, through ``pick_draft``); a ``Drafter`` replaces it for a
+stream: ``ReplayDrafter`` proposes a known continuation (e.g. the depth-0 output for the
 same prompt), which measures the best-case speed of each depth on any model, MTP head or not.
 
 Draft modes (``DraftMode``, the MTP drafter's policy at temperature > 0; every one is exact):
@@ -26,9 +27,8 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
-from engine import candidates, grammar, sampling
-from engine.errors import GenerationError
-from engine.types import DRAFT_MODES, DraftMode, SamplingParams
+from engine import candidates, sampling
+from engine.types import DraftMode, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def pick_draft(logits: mx.array, params: SamplingParams, row_counts, key,
                mode: DraftMode) -> tuple[mx.array, mx.array | candidates.Candidates | None]:
     """One draft token (int32 scalar) from the head's logits [1, V] and the q row it was
     sampled from (None: argmax; compact ``Candidates`` when the filters allow, see
-    ``engine.candidates``). Shared by ``MTPDrafter`` and the batched drafts (``engine.batching``)."""
+    ``engine.candidates``). What each row of the batched drafts draws (``engine.decoding.proposer``)."""
     if params.greedy or mode == "argmax":
         d = sampling.argmax_tokens(logits, params, row_counts)
         return d.reshape(()).astype(mx.int32), None
@@ -105,43 +105,6 @@ def pick_draft(logits: mx.array, params: SamplingParams, row_counts, key,
     q = sampling.build_probs(logits, qp, row_counts)
     d = sampling.sample(q, key)
     return d.reshape(()).astype(mx.int32), q[0]
-
-
-class MTPDrafter:
-    """Drafts with the model's MTP head, recursively (MTP_SPEC §2): step 1 on the pair
-    (last trunk hidden, x0) — which also appends the pending committed pairs — and each later
-    step on the head's own output hidden and the previous draft. Each step adds a speculative
-    MTP row that ``Session.commit`` or ``undo`` removes."""
-
-    def __init__(self, session, *, mode: DraftMode = "filtered") -> None:
-        if mode not in DRAFT_MODES:
-            raise GenerationError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, not {mode!r}")
-        self.session = session
-        self.mode = mode
-
-    def draft(self, request: DraftRequest) -> Proposal:
-        s, params, counts, k = self.session, request.params, request.counts, request.k
-        out = s.mtp_first(request.x0)
-        drafts: list[mx.array] = []
-        qs: list[mx.array] = []
-        keys = sampling.split_key(request.key, k) if not params.greedy else [None] * k
-        host: list[int] = []  # the drafts so far, on the host (only for structured output)
-        for j in range(k):
-            logits = s.logits(out[:, -1])  # [1, V]
-            if request.allowed is not None:
-                logits = grammar.masked(logits, request.allowed(host))
-            d, q = pick_draft(logits, params, draft_counts(counts, drafts), keys[j], self.mode)
-            if q is not None:
-                qs.append(q)
-            drafts.append(d)
-            if request.allowed is not None:
-                host.append(int(d.item()))
-            if j + 1 < k:
-                out = s.mtp_next(out, d)
-        return Proposal(tokens=mx.stack(drafts), q=stack_q(qs))
-
-    def undo(self, proposal: Proposal) -> None:
-        self.session.undo_draft(proposal.k)
 
 
 class ReplayDrafter:

@@ -26,6 +26,7 @@ import mlx.core as mx
 from engine.drafters import ReplayDrafter
 from engine.summary import ReplyTally
 from engine.types import SamplingParams
+from engine.core.carryover import carryover_of
 
 GREEDY = SamplingParams()
 
@@ -57,14 +58,15 @@ def _mlx_lm(model, ids: list[int], max_tokens: int) -> tuple[float, float, list[
 def _engine(model, ids, depth, max_tokens, snap=None, drafter=None) -> tuple[ReplyTally, object]:
     """One engine run (resumed from ``snap`` when given); returns its tally and the snapshot
     taken after the prompt."""
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     if snap is not None:
-        model.prompt_cache.keep(snap)
+        carryover_of(model).prompt_cache.keep(snap)
     tally = ReplyTally()
     for ev in model.generate(ids, max_tokens=max_tokens, depth=depth, sampling=GREEDY,
                              drafter=drafter):
         tally.add(ev)
-    after = next((s for s in model.prompt_cache.snapshots if len(s.fed) == len(ids)), None)
+    after = next((s for s in carryover_of(model).prompt_cache.snapshots
+                  if len(s.fed) == len(ids)), None)
     return tally, after
 
 
@@ -96,7 +98,8 @@ def context_bench(model, *, lengths: list[int], depths: list[int], texts: list[s
                   progress=None) -> dict:
     """{length: {label: median}} with labels "prefill mlx_lm", "prefill engine", "mlx_lm",
     "0" and each depth; ``max_tokens`` is the decode budget per length."""
-    saved, model.disk_cache = model.disk_cache, None  # every prefill is a real one
+    carry = carryover_of(model)
+    saved, carry.disk_cache = carry.disk_cache, None  # every prefill is a real one
     try:
         _engine(model, fill_prompt(model, 64, texts), 0, 4)  # warm-up
         out = {}
@@ -109,13 +112,13 @@ def context_bench(model, *, lengths: list[int], depths: list[int], texts: list[s
                 progress(f"context {n}: {out[n]}")
         return out
     finally:
-        model.disk_cache = saved
-        model.reset_prompt_cache()
+        carryover_of(model).disk_cache = saved
+        carryover_of(model).reset_prompt_cache()
 
 
 def _ttft(model, ids: list[int], depth: int) -> tuple[float, int]:
     """(seconds to the first event, reused tokens) of one reply of one token."""
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     t0 = time.perf_counter()
     ev = next(iter(model.generate(ids, max_tokens=1, depth=depth, sampling=GREEDY)))
     return time.perf_counter() - t0, ev.prefill.reused_tokens
@@ -133,16 +136,17 @@ def reopen_bench(path: str, *, tokens: int, texts: list[str], depths: list[int],
     try:
         for depth in depths:
             first = load(path, dtype=dtype)
-            first.disk_cache = _disk(first, root, dtype)
+            carryover_of(first).disk_cache = _disk(first, root, dtype)
             ids = fill_prompt(first, tokens, texts)
             reopened = ids + fill_prompt(first, 24, texts[::-1])  # the new user turn
             _engine(first, ids, depth, 2)
-            first.disk_cache.flush()
+            carryover_of(first).disk_cache.flush()
             times = {"with": [], "without": [], "reused": 0}
             for _ in range(repeats):
                 for mode in ("without", "with"):
                     model = load(path, dtype=dtype)
-                    model.disk_cache = _disk(model, root, dtype) if mode == "with" else None
+                    carryover_of(model).disk_cache = \
+                        _disk(model, root, dtype) if mode == "with" else None
                     before = set(root.rglob("*"))
                     secs, reused = _ttft(model, reopened, depth)
                     times[mode].append(secs)
@@ -172,8 +176,8 @@ def _disk(model, root: Path, dtype):
 
 def _forget_new(model, root: Path, before: set) -> None:
     """Remove what a measurement saved to the disk cache (its own reopened prompt)."""
-    if model.disk_cache is not None:
-        model.disk_cache.flush()
+    if carryover_of(model).disk_cache is not None:
+        carryover_of(model).disk_cache.flush()
     for f in set(root.rglob("*")) - before:
         if f.is_file():
             f.unlink()

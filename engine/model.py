@@ -11,38 +11,27 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine import decode, diskcache, loading
-from engine.adaptive import AdaptiveDepth
+from engine import loading
 from engine.drafters import Drafter
 from engine.grammar import Constraint
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.session import PromptCache
 from engine.types import MAX_DEPTH, DraftMode, Event, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 class Model:
-    """A loaded model. Not thread-safe: one thread owns it (MLX streams are thread-local).
-
-    Besides the weights it keeps what carries from one reply to the next: ``prompt_cache``
-    (decode-state snapshots, so a follow-up turn does not prefill the conversation again),
-    ``disk_cache`` (long prompts' snapshots on disk, ``engine.diskcache``; None when off) and
-    ``depth_controller`` (what ``depth="auto"`` has learnt; made by the first such reply).
+    """A loaded model: weights, tokenizer and facts. Not thread-safe: one thread owns it (MLX
+    streams are thread-local). What carries from one reply to the next (prompt cache, disk
+    cache, depth controllers) is the engine core's (``engine.core.carryover``), not the
+    model's; ``generate`` and ``decoder`` use the model's shared one unless given another.
     """
-
-    batchable = True  # ``engine.batching.BatchDecoder`` can decode several replies together
 
     def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
         self.trunk = trunk            # mlx_lm.models.qwen3_5.Model
         self.mtp = mtp                # engine.mtp.MTPHead | None
         self.tokenizer = tokenizer
         self.info = info
-        self.prompt_cache = PromptCache()
-        self.disk_cache = None        # engine.diskcache.DiskPromptCache | None (set by load)
-        self.depth_controller: AdaptiveDepth | None = None
-        # the auto rows' controllers of batches of 2+ streams, by batch size (engine.batching)
-        self.batch_controllers: dict[int, AdaptiveDepth] = {}
         self._kv_bytes: int | None = None
         self._prompt_view: PromptView | None = None
 
@@ -75,19 +64,28 @@ class Model:
                  sampling: SamplingParams | None = None, seed: int | None = None,
                  cancel: threading.Event | None = None, stop_strings: tuple[str, ...] = (),
                  drafter: Drafter | None = None, draft_mode: DraftMode = "filtered",
-                 profile: bool = False, constraint: Constraint | None = None) -> Iterator[Event]:
-        """Stream events; see ``engine.decode.generate`` for the contract. Every argument is
-        checked here, before anything reaches MLX: a bad one raises ``GenerationError``.
-        ``constraint``: structured output (``engine.grammar.Constraint.for_format``), one per
-        reply."""
-        return decode.generate(self, prompt_ids, max_tokens=max_tokens, depth=depth,
-                               sampling=SamplingParams() if sampling is None else sampling,
-                               seed=seed, cancel=cancel, stop_strings=stop_strings,
-                               drafter=drafter, draft_mode=draft_mode, profile=profile,
-                               constraint=constraint)
+                 profile: bool = False, constraint: Constraint | None = None,
+                 carryover=None) -> Iterator[Event]:
+        """Stream one reply's events: a batch of one through the one decoder
+        (``engine.decoding.decoder``). Every argument is checked here, before anything reaches
+        MLX: a bad one raises ``GenerationError``. ``drafter`` replaces the MTP head (e.g.
+        ``ReplayDrafter``); ``draft_mode`` is the head's draft policy (``engine.drafters``);
+        ``profile`` synchronises after every phase; ``constraint``: structured output
+        (``engine.grammar.Constraint.for_format``), one per reply; ``carryover``: the prompt
+        cache and depth controllers to use (default: the model's shared one)."""
+        from engine.decoding.decoder import generate
 
-    def reset_prompt_cache(self) -> None:
-        self.prompt_cache = PromptCache()
+        return generate(self, prompt_ids, carryover=carryover, max_tokens=max_tokens,
+                        depth=depth, sampling=SamplingParams() if sampling is None else sampling,
+                        seed=seed, cancel=cancel, stop_strings=stop_strings, drafter=drafter,
+                        draft_mode=draft_mode, profile=profile, constraint=constraint)
+
+    def decoder(self, *, max_streams: int, carryover=None):
+        """A decoder for up to ``max_streams`` replies at once (``BatchDecoder``), reading
+        and writing ``carryover`` (default: the model's shared one)."""
+        from engine.decoding.decoder import BatchDecoder
+
+        return BatchDecoder(self, carryover=carryover, max_streams=max_streams)
 
 
 class PromptView:
@@ -154,11 +152,7 @@ def load(path: str | Path, *, dtype: str | None = None) -> Model:
     info = _model_info(folder, ckpt, built, tokenizer, dtype)
     log.info("loaded %s (%s, %s layout, %.1fM params, MTP=%s)", info.name, info.family,
              info.layout, info.num_parameters / 1e6, info.has_mtp)
-    model = Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
-    model.disk_cache = diskcache.from_env(
-        info.path, info.dtype, model.trunk.make_cache(),
-        model.mtp.make_cache() if model.mtp is not None else None)
-    return model
+    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
 
 
 _DTYPES = ("float32", "bfloat16", "float16")

@@ -10,13 +10,13 @@ change of its length: no data moves. It speaks mlx-lm's cache protocol (``offset
 run on it unchanged.
 
 The Gated DeltaNet layers keep mlx-lm's ``ArraysCache`` ([conv window, recurrent state], one
-row per stream): their state is per row already. ``join_arrays`` / ``take_arrays`` add and
-remove rows.
+row per stream): their state is per row already, and its own ``extend`` / ``filter`` /
+``extract`` add, keep and take out rows (``engine.batch``).
 """
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import KVCache
 
 STEP = 256  # buffer growth, as mlx-lm's KVCache
 
@@ -143,27 +143,3 @@ def _pad_to(x: mx.array, t: int) -> mx.array:
     if x.shape[2] >= t:
         return x[..., :t, :]
     return mx.pad(x, [(0, 0), (0, 0), (0, t - x.shape[2]), (0, 0)])
-
-
-def join_arrays(batch: ArraysCache, single: ArraysCache) -> None:
-    """Append one stream's GDN state (batch 1) to ``batch`` as its last row."""
-    if batch.cache[0] is None:
-        batch.cache = list(single.cache)
-        return
-    batch.cache = [mx.concatenate([a, b]) for a, b in zip(batch.cache, single.cache)]
-
-
-def take_arrays(batch: ArraysCache, rows: list[int]) -> None:
-    if not rows:
-        batch.cache = [None] * len(batch.cache)
-        return
-    idx = mx.array(rows, dtype=mx.int32)
-    batch.cache = [mx.take(a, idx, axis=0) for a in batch.cache]
-
-
-def extract_arrays(batch: ArraysCache | list, b: int) -> ArraysCache:
-    """Row b of a batch's GDN state (its ``ArraysCache``, or that cache's list of arrays)."""
-    arrays = batch if isinstance(batch, list) else batch.cache
-    out = ArraysCache(len(arrays))
-    out.cache = [mx.contiguous(a[b:b + 1]) for a in arrays]
-    return out

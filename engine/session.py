@@ -1,9 +1,9 @@
 """The decode state of one conversation: the trunk and MTP caches and their invariants.
 
-``Session`` owns the caches and the operations that keep them consistent (prefill, the MTP
-head's forwards and their undo, the verify forward, the commit of a verified cycle, a plain
-step); what to draft and what to keep is decided elsewhere (``engine.drafters``,
-``engine.cycle``). ``PromptCache`` keeps snapshots of sessions between replies.
+``Session`` is a conversation's caches outside a batch: a prompt is prefilled into one (in
+chunks, resumed from a snapshot), it joins a batch as a row (``engine.batch.Batch.join``) and
+comes back out as one when its reply ends (``Batch.extract``). ``PromptCache`` keeps
+snapshots of sessions between replies.
 
 Invariants (MTP_SPEC §3): ``fed`` is every token the trunk has consumed; ``last_hidden`` is the
 trunk hidden (after the final norm) of the last fed token; the MTP cache holds one row per
@@ -18,19 +18,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine.trunk import commit_captures, forward_hidden, lm_head, trim_attention
+from engine.trunk import forward_hidden, lm_head
 
 PREFILL_CHUNK = 512
 _lineages = itertools.count(1)
-
-
-@dataclass
-class Verified:
-    """The lazy result of one verify forward over [x0, d1..dk]."""
-
-    hidden: mx.array     # [1, k+1, H]
-    logits: mx.array     # [k+1, V]
-    captures: dict
 
 
 @dataclass
@@ -165,86 +156,6 @@ class Session:
             else:
                 self.last_logits = lm_head(tm, self.last_hidden[:, -1])
             yield i + len(chunk)
-
-    # -- the MTP head's forwards (what a drafter runs) ------------------------------------
-    def mtp_first(self, x0: int) -> mx.array:
-        """Draft step 1: one MTP forward over every pending committed pair plus the pair
-        (last_hidden, x0); returns the MTP hidden [1, 1, H] for x0. Adds one speculative row
-        (undone by ``undo_draft`` or ``commit``)."""
-        embed = self.model.text_model.model.embed_tokens
-        hs = [self.last_hidden] if self.pending_h is None else [self.pending_h, self.last_hidden]
-        hidden = mx.concatenate(hs, axis=1) if len(hs) > 1 else hs[0]
-        toks = mx.array(self.pending_tok + [x0])[None]
-        self.mtp_rows += len(self.pending_tok) + 1
-        self.pending_h, self.pending_tok = None, []
-        return self.model.mtp(hidden, embed(toks), self.mtp_cache)[:, -1:]
-
-    def mtp_next(self, out: mx.array, token: mx.array) -> mx.array:
-        """Draft step j + 1: the MTP head on its own output hidden and the token drafted at
-        step j (MTP_SPEC §2); adds a speculative row."""
-        embed = self.model.text_model.model.embed_tokens
-        return self.model.mtp(out, embed(token.reshape(1, 1)), self.mtp_cache)
-
-    def logits(self, hidden: mx.array) -> mx.array:
-        """The shared LM head on hidden states (trunk or MTP)."""
-        return lm_head(self.model.text_model, hidden)
-
-    def undo_draft(self, k: int) -> None:
-        """Forget a k-step draft (``mtp_first`` + k - 1 ``mtp_next``) whose cycle will not run: drop its k MTP rows (the
-        step-1 pair's x0 was never fed). The pending pairs it flushed stay committed."""
-        trim_attention(self.mtp_cache, k)
-        self.mtp_rows -= 1
-
-    def verify(self, x0: int, drafts: mx.array | None) -> Verified:
-        tm = self.model.text_model
-        inp = mx.array([x0], dtype=mx.int32)
-        if drafts is not None and drafts.size:
-            inp = mx.concatenate([inp, drafts.astype(mx.int32)])
-        h, caps = forward_hidden(tm, inp[None], self.trunk_cache, capture=True)
-        return Verified(hidden=h, logits=lm_head(tm, h)[0], captures=caps)
-
-    def commit(self, x0: int, drafts: list[int], keep: int, ver: Verified, *, drafted: int) -> None:
-        """Keep x0 and the first ``keep`` drafts: trim attention KV, select the captured GDN
-        step, drop the speculative MTP rows and queue the accepted pairs."""
-        k = drafted
-        trim_attention(self.trunk_cache, k - keep)
-        commit_captures(self.trunk_cache, ver.captures, keep)
-        if self.use_mtp and self.mtp_cache is not None:
-            if k > 1:  # rows of draft steps 2..k were built from MTP hiddens
-                trim_attention(self.mtp_cache, k - 1)
-            if k == 0:  # no MTP forward happened: the step-1 pair is still pending
-                self._queue_pairs([x0], ver.hidden[:, :1])
-            if keep:
-                self.pending_h = ver.hidden[:, :keep] if self.pending_h is None else \
-                    mx.concatenate([self.pending_h, ver.hidden[:, :keep]], axis=1)
-                self.pending_tok.extend(drafts[:keep])
-        self.fed.extend([x0] + drafts[:keep])
-        self.last_hidden = ver.hidden[:, keep:keep + 1]
-        self.last_logits = ver.logits[keep:keep + 1]
-
-    # -- plain decoding -------------------------------------------------------------------
-    def step_plain(self, x: mx.array) -> mx.array:
-        """Feed one token lazily (its value may not be known yet: ``confirm`` records it once
-        read) and return the next logits [1, V]. Plain steps keep no trunk hiddens, so the
-        MTP cache stops being in step with the trunk (``mtp_ok`` turns False)."""
-        self.mtp_ok = False
-        h, _ = forward_hidden(self.model.text_model, x.reshape(1, 1), self.trunk_cache)
-        self.last_logits = lm_head(self.model.text_model, h)[:, -1]
-        return self.last_logits
-
-    def mark(self) -> tuple:
-        """References to the trunk state before a plain step (cheap: no copies), for
-        ``rewind``."""
-        return _cache_state(self.trunk_cache), self.last_logits, self.mtp_ok
-
-    def rewind(self, mark: tuple) -> None:
-        """Undo the plain steps since ``mark`` (their tokens were never confirmed)."""
-        state, self.last_logits, self.mtp_ok = mark
-        _restore_state(self.trunk_cache, state)
-
-    def confirm(self, token: int) -> None:
-        """The value of the token the last ``step_plain`` fed."""
-        self.fed.append(token)
 
 
 @dataclass

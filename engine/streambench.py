@@ -3,7 +3,7 @@
 For each batch size B, B different prompts (the bench prompts, chat-templated, cycled) are
 decoded together, each for ``max_tokens`` tokens, by
 - ``mlx_lm``: mlx-lm's own continuous batching (``BatchGenerator``) on the same weights;
-- ``0``: this engine's batch (``engine.batching.BatchDecoder``) at depth 0;
+- ``0``: this engine's batch (``engine.decoding.decoder.BatchDecoder``) at depth 0;
 - each requested depth (``3``, ``auto``, ...) with the MTP head drafting;
 - with ``replay``: each depth drafting a replay of the stream's own depth-0 output (acceptance
   1: the ceiling of the batched cycle, the only meaningful speculation on random weights).
@@ -26,10 +26,11 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from engine.batching import BatchDecoder
+from engine.decoding.decoder import BatchDecoder
 from engine.drafters import ReplayDrafter
 from engine.session import PREFILL_CHUNK, Session
 from engine.types import SamplingParams
+from engine.core.carryover import carryover_of
 
 
 def _prompts(model, texts: list[str], n: int) -> list[list[int]]:
@@ -63,7 +64,7 @@ def engine_batch(model, prompts: list[list[int]], max_tokens: int, params: Sampl
                  ) -> tuple[float, int, list[list[int]], int, dict[str, float]]:
     """This engine's batch: (seconds, generated tokens, each stream's tokens, peak bytes,
     the anatomy of its full-batch cycles: ``_anatomy``)."""
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     mx.reset_peak_memory()
     dec = BatchDecoder(model, max_streams=len(prompts), use_mtp=replays is None)
     streams = [dec.add(p, max_tokens=max_tokens, depth=depth, sampling=params, seed=seed + i,
@@ -187,7 +188,7 @@ def join_ttft(model, *, busy: int, depth, texts: list[str], params: SamplingPara
                   info=dataclasses.replace(model.info, eos_token_ids=()))
     ttfts, bounds = [], []
     for r in range(repeats):
-        model.reset_prompt_cache()
+        carryover_of(model).reset_prompt_cache()
         dec, stop = BatchDecoder(model, max_streams=busy + 1), threading.Event()
         for p in _prompts(model, texts, busy):
             dec.add(p, max_tokens=10_000, depth=depth, sampling=params, seed=r, cancel=stop)

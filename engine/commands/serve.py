@@ -30,7 +30,7 @@ def _port(text: str) -> int:
 
 
 def _default_streams() -> int:
-    from engine.batching import DEFAULT_STREAMS
+    from engine.decoding.decoder import DEFAULT_STREAMS
 
     return DEFAULT_STREAMS
 

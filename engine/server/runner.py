@@ -197,12 +197,12 @@ def start_server(model_or_scheduler, *, host: str = "127.0.0.1", port: int = 808
     """Serve a ``Scheduler`` (shared, e.g. the app's: its other clients go on while the
     server drains) or a model handed over for good (wrapped in a new scheduler) on a
     background thread; returns the started ``Server``. ``max_streams``: requests decoded
-    together (``engine.batching``; default ``DEFAULT_STREAMS``, 1 = one at a time)."""
+    together (``engine.decoding.decoder``; default ``DEFAULT_STREAMS``, 1 = one at a time)."""
     scheduler = model_or_scheduler
     shared = isinstance(scheduler, Scheduler)
     if not shared:
         if max_streams is None:
-            from engine.batching import DEFAULT_STREAMS as max_streams
+            from engine.decoding.decoder import DEFAULT_STREAMS as max_streams
         scheduler = Scheduler(model=model_or_scheduler, max_queue=max_queue,
                               max_streams=max_streams).start()
     kwargs.setdefault("shared", shared)

@@ -42,13 +42,13 @@ scheduler drains its own requests and leaves the chat's alone). ``add_observer(f
 ``fn(request, item)`` on the worker thread after each item's sink (the app's dashboard
 watches server requests this way).
 
-Batching: with ``max_streams`` > 1 and a model that can batch (``Model.batchable``: the real
-engine, not a scripted fake) the worker decodes up to ``max_streams`` requests together
-(``engine.batching.BatchDecoder``): requests join between cycles after their prefill and leave
-when they finish, each with its own sampling, seed, depth and cancel flag, and every sink sees
-exactly what it would see alone (the same ``Event`` stream, then ``Done``). ``run_next`` then
-runs until the batch is empty (requests that arrive meanwhile join it). With
-``max_streams == 1`` requests run one at a time through ``Model.generate``.
+Decoding: every request, alone or not, runs through the decoder the model makes
+(``model.decoder(max_streams=...)``: the engine's ``BatchDecoder``, or a scripted fake's
+stand-in with the same protocol: ``add``, ``admit_step``, ``cycle_step``, ``busy``, ``room``).
+Up to ``max_streams`` requests decode together: they join between cycles after their prefill
+and leave when they finish, each with its own sampling, seed, depth and cancel flag, and every
+sink sees exactly what it would see alone (the same ``Event`` stream, then ``Done``).
+``run_next`` runs until the decoder is empty (requests that arrive meanwhile join it).
 """
 from __future__ import annotations
 
@@ -280,15 +280,7 @@ class Scheduler:
     def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
         if job is None:
             return False
-        if self.max_streams > 1 and getattr(self.model, "batchable", False):
-            return self._run_batch(job)
-        req, sink = job
-        self._begin(req)
-        try:
-            self._run(req, self._observed(req, sink))
-        finally:
-            self._end(req)
-        return True
+        return self._run_batch(job)
 
     def _begin(self, req: GenRequest) -> None:
         with self._lock:
@@ -303,16 +295,13 @@ class Scheduler:
     # ------------------------------------------------------------------ batched worker
     def _run_batch(self, job: tuple[GenRequest, Sink]) -> bool:
         """Decode ``job`` and every request that arrives meanwhile together, until none is
-        left (see "Batching" in the module docstring). False when ``stop`` was called."""
-        from engine.batching import BatchDecoder
-
-        dec = BatchDecoder(self.model, max_streams=self.max_streams)
+        left (see "Decoding" in the module docstring). False when ``stop`` was called."""
+        dec = self._decoder()
         live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
         go_on = True
         self._admit(dec, live, job)
         while True:
-            while go_on and len(dec.waiting) + len(dec.active) + (dec.joining is not None) \
-                    < self.max_streams:
+            while go_on and (dec is None or dec.room > 0):
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -321,10 +310,10 @@ class Scheduler:
                     go_on = False
                 else:
                     self._admit(dec, live, nxt)
-            if not dec.busy:
+            if dec is None or not dec.busy:
                 return go_on
             if not self._batch_step(dec, live):
-                dec = BatchDecoder(self.model, max_streams=self.max_streams)
+                dec = self._decoder()
 
     def _admit(self, dec, live: dict, job: tuple[GenRequest, Sink]) -> None:
         req, sink = job
@@ -339,6 +328,10 @@ class Scheduler:
                 return self._finish(req, sink, Done(tally.summary()))
             with self._tok_lock:
                 model = self.model
+                if model is None or dec is None:
+                    from engine.errors import EngineError
+
+                    raise EngineError("No model is loaded yet.")
                 ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
                 st = dec.add(ids, max_tokens=req.max_tokens, depth=req.depth,
                              sampling=req.sampling, seed=req.seed, cancel=req.cancel,
@@ -390,41 +383,10 @@ class Scheduler:
                 _safe(lambda it: fn(req, it), item)
         return both
 
-    def _run(self, req: GenRequest, sink: Sink) -> None:
-        tally = ReplyTally()
-        try:
-            _safe(sink, Started(time.perf_counter() - req.submitted_at))
-            if req.cancel.is_set():
-                ev = Event(token_ids=(), finish_reason="cancelled")
-                tally.add(ev)
-                _safe(sink, ev)
-            else:
-                self._generate(req, sink, tally)
-        except Exception as exc:  # noqa: BLE001 - one request failing must not stop the worker
-            log.warning("request %s failed: %s", req.id, exc, exc_info=not _expected(exc))
-            _safe(sink, Failed(exc))
-            return
-        _safe(sink, Done(tally.summary()))
-
-    def _generate(self, req: GenRequest, sink: Sink, tally: ReplyTally) -> None:
-        with self._tok_lock:
-            model = self.model
-            if model is None:
-                from engine.errors import EngineError
-
-                raise EngineError("No model is loaded yet.")
-            ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
-            gen = model.generate(  # type: ignore[union-attr]
-                ids, max_tokens=req.max_tokens, depth=req.depth, sampling=req.sampling,
-                seed=req.seed, cancel=req.cancel, stop_strings=req.stop_strings,
-                **_constraint_kw(model, req.response_format))
-        while True:
-            with self._tok_lock:
-                ev = next(gen, None)
-            if ev is None:
-                return
-            tally.add(ev)
-            _safe(sink, ev)
+    def _decoder(self):
+        """A decoder for the model now loaded (None while none is)."""
+        model = self.model
+        return None if model is None else model.decoder(max_streams=self.max_streams)
 
 
 def _prepare_view(model) -> None:

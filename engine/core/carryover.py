@@ -1,0 +1,114 @@
+"""What carries from one reply to the next: ``Carryover`` (prompt cache, disk cache, depth
+controllers), owned by the engine core, never by the ``Model`` (weights, tokenizer, facts).
+
+A decoder reads and writes the carryover it is given: it resumes a prompt from the longest
+saved snapshot (in memory, then on disk), keeps the snapshots after the prompt and after the
+reply, and asks for the depth controller of its batch size. ``carryover_of(model)`` is the
+one a model's replies share by default (``Model.generate``, the scheduler, the CLI), made on
+first use and dropped with the model.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+
+from engine import diskcache, store
+from engine.adaptive import AdaptiveDepth, carry_over
+from engine.session import PromptCache, Session, Snapshot
+
+log = logging.getLogger(__name__)
+
+AUTO_MAX_DEPTH = 4  # the deepest draft ``depth="auto"`` considers
+
+
+@dataclass
+class Carryover:
+    """See the module docstring. ``controllers`` maps a batch size to its auto rows' depth
+    controller; 1 is a lone stream's (shared by ``Model.generate`` and the scheduler)."""
+
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
+    disk_cache: object | None = None   # engine.diskcache.DiskPromptCache | None
+    controllers: dict[int, AdaptiveDepth] = field(default_factory=dict)
+
+    @classmethod
+    def for_model(cls, model) -> "Carryover":
+        """A fresh carryover, with the disk cache the environment turns on for ``model``."""
+        info = model.info
+        disk = diskcache.from_env(
+            info.path, info.dtype, model.trunk.make_cache(),
+            model.mtp.make_cache() if model.mtp is not None else None)
+        return cls(disk_cache=disk)
+
+    def reset_prompt_cache(self) -> None:
+        self.prompt_cache = PromptCache()
+
+    # -- the prompt cache ---------------------------------------------------------------
+    def session_for(self, model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]:
+        """A session resumed from the longest usable snapshot: in memory first, then on disk
+        (only for prompts it would have saved); else a fresh one. Returns it and how many
+        prompt tokens it already holds."""
+        snap = self.prompt_cache.take(prompt, need_mtp=use_mtp)
+        disk = self.disk_cache
+        if disk is not None and len(prompt) >= disk.min_tokens:
+            snap = disk.load(prompt, longer_than=len(snap.fed) if snap else 0,
+                             need_mtp=use_mtp) or snap
+        if snap is not None:
+            return Session.from_snapshot(model, snap, use_mtp=use_mtp), len(snap.fed)
+        return Session.fresh(model, use_mtp=use_mtp), 0
+
+    def keep(self, after_prompt: Snapshot, at_end: Snapshot) -> None:
+        """Keep a reply's final state in memory; both snapshots go to the disk cache (if
+        on), written in the background."""
+        self.prompt_cache.keep(at_end)
+        if self.disk_cache is not None:
+            try:
+                self.disk_cache.save([after_prompt, at_end])
+            except Exception:  # noqa: BLE001 - the disk cache never costs a reply
+                log.warning("could not save the prompt cache", exc_info=True)
+
+    # -- depth controllers --------------------------------------------------------------
+    def controller(self, model, rows: int, *, drafter: bool = False) -> AdaptiveDepth:
+        """The depth controller of the auto rows while ``rows`` streams decode together.
+
+        A padded verify costs the same for every row, so the depth that maximises the
+        aggregate speed is one decision for the batch: auto rows share a controller per batch
+        size (acceptance pooled over them, cycle time of the whole batch). A lone stream's
+        (``rows == 1``) starts from the machine's saved tuning and carries what it learnt
+        from one reply to the next; a new one for another size starts from what the
+        controller of the nearest size learnt (acceptance, cycle costs, depth), so it needs no
+        warm-up. ``drafter``: a passed-in drafter (not the MTP head) gets a fresh one."""
+        max_d = AUTO_MAX_DEPTH if drafter else min(model.info.max_depth or 3, AUTO_MAX_DEPTH)
+        if drafter:
+            return AdaptiveDepth(max_d, initial=_tuned(model))
+        c = self.controllers.get(rows)
+        if c is not None and c.max_depth == max_d:
+            return c
+        if rows == 1:
+            c = carry_over(c, max_d, initial=_tuned(model))
+        else:
+            known = {n: k for n, k in self.controllers.items() if k.max_depth == max_d}
+            near = min(known, key=lambda n: (abs(n - rows), n), default=None)
+            c = AdaptiveDepth(max_d, initial=None if near is None else known[near].state())
+        self.controllers[rows] = c
+        return c
+
+
+def _tuned(model) -> dict | None:
+    """The saved tuning's starting state for ``depth="auto"`` (None: none saved)."""
+    try:
+        return (store.read_tuned(model.info.path) or {}).get("adaptive_initial")
+    except Exception:  # noqa: BLE001 - a missing/corrupt tuning file only costs warm-up
+        log.debug("no saved tuning for %s", model.info.path, exc_info=True)
+        return None
+
+
+_ALL: "weakref.WeakKeyDictionary[object, Carryover]" = weakref.WeakKeyDictionary()
+
+
+def carryover_of(model) -> Carryover:
+    """The carryover ``model``'s replies share (made on first use, dropped with the model)."""
+    c = _ALL.get(model)
+    if c is None:
+        c = _ALL[model] = Carryover.for_model(model)
+    return c

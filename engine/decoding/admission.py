@@ -1,0 +1,71 @@
+"""Admission: which stream prefills this step, and its first token.
+
+Streams wait in arrival order. While a row is free, the stream at the head of the line is
+resumed from the carryover's longest snapshot (``core.carryover.Carryover.session_for``) and
+prefilled one chunk per step (``Session.prefill_chunks``), so a long new prompt stalls the
+batch's other rows for one chunk at a time. When its prompt is done it draws its first token
+(its first key) and is ready to join the batch as a row.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from engine.decoding import draw
+from engine.decoding.stream import Stream
+from engine.types import Event, PrefillStats
+
+
+class Admission:
+    """The waiting line and the stream being prefilled (``joining``)."""
+
+    def __init__(self, model, carryover, *, use_mtp: bool) -> None:
+        self.model = model
+        self.carryover = carryover
+        self.use_mtp = use_mtp
+        self.waiting: deque[Stream] = deque()
+        self.joining: Stream | None = None
+
+    def __len__(self) -> int:
+        return len(self.waiting) + (self.joining is not None)
+
+    def cancelled(self) -> list[Stream]:
+        """Take the waiting or prefilling streams whose cancel flag is set."""
+        out = [s for s in self.waiting if s.reply.cancelled]
+        for st in out:
+            self.waiting.remove(st)
+        if self.joining is not None and self.joining.reply.cancelled:
+            out.append(self.joining)
+            self.joining = None
+        return out
+
+    def step(self, room: bool) -> Stream | None:
+        """One prefill chunk (when a stream is prefilling, or one waits and ``room``);
+        returns the stream whose prompt is now done, else None."""
+        if self.joining is None:
+            if not self.waiting or not room:
+                return None
+            self.joining = st = self.waiting.popleft()
+            st.session, st.reused = self.carryover.session_for(self.model, st.prompt,
+                                                               self.use_mtp)
+            rest = st.prompt[st.reused:]
+            st.prefill = st.session.prefill_chunks(rest) if rest else iter(())
+        st = self.joining
+        if next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt):
+            return None  # more chunks to go: the batch runs a cycle meanwhile
+        self.joining = None
+        return st
+
+    def first_token(self, st: Stream) -> Event:
+        """The prompt's next token, drawn as plain decoding draws it (the stream's first
+        key); the state after the prompt goes to the prompt cache."""
+        s, row, reply = st.session, st.row, st.reply
+        x0 = draw.draw(s.last_logits, row.params, reply.counts, next(row.keys),
+                       row.constraint)
+        st.after_prompt = s.snapshot()
+        self.carryover.prompt_cache.keep(st.after_prompt)
+        prefill = PrefillStats(prompt_tokens=len(st.prompt), reused_tokens=st.reused,
+                               seconds=time.perf_counter() - st.submitted)
+        ev = reply.emit(*draw.cut(reply, [x0], row.constraint), prefill=prefill)
+        st.x0, st.lineage = x0, s.lineage
+        return ev

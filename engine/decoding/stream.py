@@ -1,0 +1,67 @@
+"""``Stream``: one request in a decoder — its sampling state (``Row``), its reply and where it
+is (waiting, prefilling, a row of the batch, finished)."""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engine.drafters import Drafter
+from engine.grammar import Constraint
+from engine.reply import Reply
+from engine.session import Session, Snapshot
+from engine.types import Depth, DraftMode, SamplingParams
+
+_ids = itertools.count(1)
+
+
+def new_id() -> str:
+    return f"stream-{next(_ids)}"
+
+
+@dataclass
+class Row:
+    """One reply's sampling state: how it draws and accepts tokens, whatever row it sits in."""
+
+    reply: Reply
+    params: SamplingParams
+    keys: Iterator[mx.array]        # a fresh random key per use, in a fixed order (seeded)
+    drafter: Drafter | None = None  # None: the batch drafts with the MTP head
+    constraint: Constraint | None = None  # structured output (``engine.grammar``)
+    draft_mode: DraftMode = "filtered"
+
+    @property
+    def greedy_fast(self) -> bool:
+        """Greedy without penalties or a grammar: its acceptance is the verify argmax against
+        its drafts, read on the host."""
+        return self.params.greedy and self.reply.counts is None and self.constraint is None
+
+
+@dataclass
+class Stream:
+    """One request in a ``BatchDecoder``: its reply and decode state."""
+
+    id: str
+    prompt: list[int]
+    row: Row
+    depth: Depth
+    submitted: float = field(default_factory=time.perf_counter)
+    session: Session | None = None      # while prefilling
+    prefill: Iterator[int] | None = None
+    reused: int = 0
+    x0: int = -1                        # the pending token (emitted, not yet fed)
+    after_prompt: Snapshot | None = None
+    lineage: int = 0                    # its prompt-cache lineage (``session.PromptCache``)
+    finished: bool = False
+
+    @property
+    def reply(self) -> Reply:
+        return self.row.reply
+
+    @property
+    def plain(self) -> bool:
+        """A fixed depth-0 stream: sampled token by token, as plain decoding does."""
+        return self.depth == 0
