@@ -77,7 +77,7 @@ def _build(cfg: ModelConfig, weights: dict) -> Built:
     weights = {mtp_key(k): v for k, v in weights.items()}
     mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
     trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
-    trunk = _build_trunk(cfg)
+    trunk = build_trunk(cfg)
     try:
         trunk_w = trunk.sanitize(trunk_raw)
     except Exception as exc:  # noqa: BLE001
@@ -95,7 +95,8 @@ def _build(cfg: ModelConfig, weights: dict) -> Built:
     return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, ())
 
 
-def _build_trunk(cfg: ModelConfig):
+def build_trunk(cfg: ModelConfig):
+    """The mlx_lm trunk model for ``cfg`` (dense or MoE family), weights not yet loaded."""
     from mlx_lm.models import qwen3_5, qwen3_5_moe
 
     module = qwen3_5_moe if cfg.family == "qwen3_5_moe" else qwen3_5

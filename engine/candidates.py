@@ -159,7 +159,7 @@ def top_k(x: mx.array, k: int, *, method: str = "blocks") -> tuple[mx.array, mx.
 
 def filter_probs(vals: mx.array, params: SamplingParams) -> mx.array:
     """Softmax of the descending top-k values, then top-p, min-p, renormalise: [R, k]."""
-    p = sampling._softmax(vals)
+    p = sampling.softmax(vals)
     filtered = False
     if params.top_p < 1.0:
         before = mx.cumsum(p, axis=-1, inclusive=False)  # mass of the larger ones

@@ -43,8 +43,9 @@ DISK_MARGIN = 1.02
 ProgressFn = Callable[[DownloadProgress], None]
 
 
-class _Cancelled(Exception):
-    pass
+class Cancelled(Exception):
+    """Raised inside a transfer when its cancel event is set; callers that drive a
+    ``Downloader`` (pull, stream conversion) raise it too, to stop the same way."""
 
 
 class _Retryable(Exception):
@@ -208,9 +209,9 @@ class Downloader:
         free = self.free_space(self.store.root)
         if need > free:
             raise NotEnoughDiskError(
-                f"not enough disk space for {self.repo_id}: {_gb(need)} needed, {_gb(free)} free "
-                f"on the disk holding {self.store.root} — free some space or choose another "
-                "models folder (nothing was downloaded)")
+                f"not enough disk space for {self.repo_id}: {format_bytes(need)} needed, "
+                f"{format_bytes(free)} free on the disk holding {self.store.root} — free some "
+                "space or choose another models folder (nothing was downloaded)")
 
     # ------------------------------------------------------------------ transfer
     def _fetch_file(self, f: RemoteFile, commit: str) -> None:
@@ -244,7 +245,7 @@ class Downloader:
         failures = 0
         while have < f.size or not part.exists():
             if self.cancel.is_set():
-                raise _Cancelled
+                raise Cancelled
             before = have
             try:
                 have = self._stream(f, commit, part, have)
@@ -260,7 +261,7 @@ class Downloader:
                                      f"{self.max_retries}): {exc}")
                 delay = min(self.retry_backoff_s * 2 ** max(failures - 1, 0), 30.0)
                 if self.cancel.wait(delay):
-                    raise _Cancelled from None
+                    raise Cancelled from None
 
     def _stream(self, f: RemoteFile, commit: str, part: Path, have: int) -> int:
         """Append the rest of ``f`` to ``part`` (keeping the hash in step); return its size."""
@@ -284,11 +285,11 @@ class Downloader:
                 with self._lock:
                     self._resp = resp
                 return self._copy_body(resp, f, part, have)
-        except (IntegrityError, NotEnoughDiskError, _Cancelled, _Retryable):
+        except (IntegrityError, NotEnoughDiskError, Cancelled, _Retryable):
             raise
         except Exception as exc:  # noqa: BLE001 - classified below
             if self.cancel.is_set():
-                raise _Cancelled from None
+                raise Cancelled from None
             err = hub.translate_error(exc, repo_id=self.repo_id, revision=self.revision)
             if isinstance(err, hub.HubOfflineError) or not isinstance(
                     err, (hub.HubNetworkError, hub.HubServerError)):
@@ -312,7 +313,7 @@ class Downloader:
             try:
                 for chunk in resp.iter_raw():  # as received: a drop loses nothing
                     if self.cancel.is_set():
-                        raise _Cancelled
+                        raise Cancelled
                     if have + len(chunk) > f.size:
                         raise IntegrityError(f"{f.path}: the server sent more than the "
                                              f"{f.size} bytes it advertised")
@@ -346,7 +347,7 @@ class Downloader:
         monitor.start()
         try:
             return self._run(t0)
-        except _Cancelled:
+        except Cancelled:
             self._update(phase="cancelled", message="cancelled — the part downloaded is kept")
             return DownloadResult(self.repo_id, self.name, "cancelled", None,
                                   self._state.bytes_total, self._fetched,
@@ -375,7 +376,7 @@ class Downloader:
         self._update(phase="downloading")
         for i, f in enumerate(files):
             if self.cancel.is_set():
-                raise _Cancelled
+                raise Cancelled
             if f.path.endswith(".safetensors") and i and not files[i - 1].path.endswith(
                     ".safetensors"):
                 self._check_config()  # before the first (large) weight file
@@ -490,7 +491,8 @@ def _free_space(path: Path) -> int:
     return free_disk(path)
 
 
-def _gb(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """A byte count for messages: ``"1.23 GB"`` from 100 MB up, else ``"45.6 MB"``."""
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from engine.convert import check_options, convert
-from engine.download import Downloader, ProgressFn, _Cancelled
+from engine.download import Cancelled, Downloader, ProgressFn
 from engine.errors import HubError
 from engine.hub import DownloadProgress, DownloadResult
 from engine.store import MARKER_DIR, Store
@@ -124,7 +124,7 @@ def _convert_locked(result: DownloadResult, convert_fn, *, src: Path, name: str,
         convert_fn(str(src), str(staging), bits=bits, group_size=group_size,
                    progress=_convert_progress(progress, base), cancel=cancel)
         if cancel.is_set():
-            raise _Cancelled
+            raise Cancelled
         from engine.inspection import inspect_local
 
         info = inspect_local(staging)
@@ -138,7 +138,7 @@ def _convert_locked(result: DownloadResult, convert_fn, *, src: Path, name: str,
                                                        "layout", "parameters", "supported")}}
         dest = store.install(staging, name, record)
     except Exception as exc:
-        if not (isinstance(exc, _Cancelled) or cancel.is_set()):
+        if not (isinstance(exc, Cancelled) or cancel.is_set()):
             return _conversion_failed(exc, staging, base, progress, result, bits, src)
         shutil.rmtree(staging, ignore_errors=True)
         if progress:

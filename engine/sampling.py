@@ -156,7 +156,7 @@ def argmax_tokens(logits: mx.array, params: SamplingParams, counts: mx.array | N
     return mx.argmax(x, axis=-1).astype(mx.int32)
 
 
-def _softmax(x: mx.array) -> mx.array:
+def softmax(x: mx.array) -> mx.array:
     """Softmax over the last axis; -inf logits get exactly 0.
 
     MLX 0.32's CPU ``exp`` is only float32-accurate even for float64 inputs, so float64
@@ -221,7 +221,7 @@ def build_probs(
     support = params.top_k if 0 < params.top_k < vocab else 0
     if support:
         x = _top_k_mask(x, support)
-    p = _softmax(x)
+    p = softmax(x)
     filtered = False
     if params.top_p < 1.0:
         p = _top_p_filter(p, params.top_p, support)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine.checkpoint import parse_config, read_json
 from engine.convert import COPY_FILES, MTP_MIN_BITS, check_options
-from engine.download import Downloader, _Cancelled
+from engine.download import Cancelled, Downloader
 from engine.hub import DownloadResult, RemoteFile
 from engine.paths import folder_size
 from engine.store import MARKER_DIR, model_name, write_json_atomic
@@ -53,14 +53,14 @@ class ShardConverter:
     """Raw HF tensors -> MLX-layout tensors, a shard at a time (see the module docstring)."""
 
     def __init__(self, config: dict, *, bits: int, group_size: int) -> None:
-        from engine.build import _build_trunk
+        from engine.build import build_trunk
 
         check_options(bits, group_size)
         self.cfg = parse_config(config)
         self.bits, self.group_size = bits, group_size
         self.tied = bool(self.cfg.text.get("tie_word_embeddings",
                                            config.get("tie_word_embeddings", False)))
-        trunk = _build_trunk(self.cfg)  # lazy skeleton: which modules can be quantized
+        trunk = build_trunk(self.cfg)  # lazy skeleton: which modules can be quantized
         self.quantizable = {p for p, m in trunk.named_modules() if hasattr(m, "to_quantized")}
 
     def _trunk(self, weights: dict) -> dict:
@@ -172,7 +172,7 @@ class StreamingConvertPull(Downloader):
 
     def _preflight(self, total: int, have: int) -> None:
         """Room for the converted model plus the largest raw shard, not raw plus converted."""
-        from engine.download import DISK_MARGIN, _gb
+        from engine.download import DISK_MARGIN, format_bytes
         from engine.hub import NotEnoughDiskError
 
         need = int((total * (self.bits + 0.5) / 16 + self._largest) * DISK_MARGIN)
@@ -180,9 +180,9 @@ class StreamingConvertPull(Downloader):
         free = self.free_space(self.store.root)
         if need > free:
             raise NotEnoughDiskError(
-                f"not enough disk space to download and convert {self.repo_id}: {_gb(need)} "
-                f"needed, {_gb(free)} free on the disk holding {self.store.root} — free some "
-                "space or choose another models folder")
+                f"not enough disk space to download and convert {self.repo_id}: "
+                f"{format_bytes(need)} needed, {format_bytes(free)} free on the disk holding "
+                f"{self.store.root} — free some space or choose another models folder")
 
     # ------------------------------------------------------------------ run
     def _run(self, t0: float) -> DownloadResult:
@@ -214,7 +214,7 @@ class StreamingConvertPull(Downloader):
                               bits=self.bits, group_size=self.group_size)
         for i, f in enumerate(shards):
             if self.cancel.is_set():
-                raise _Cancelled
+                raise Cancelled
             if f.path not in state["done"]:
                 self._one_shard(conv, f, i, len(shards), listing.commit, state)
         return self._finish(conv, listing, files, state, total, have, t0)
