@@ -29,7 +29,7 @@ from app.chat.session import STORAGE_ERRORS
 from app.chat.stats_line import format_stats
 from app.db import ChatStore
 from app.errors import describe
-from app.fake_engine import FakeModel, make_fake_loader
+from app.fake.engine import FakeModel, make_fake_loader
 from app.paths import default_model_path
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class _SelfTest(QObject):
         settings = replace(w.session.settings_for(conv), temperature=0.0, max_tokens=48,
                            thinking=False)
         w.store.set_conversation_settings(conv, settings.to_dict())
-        w.open_conversation(conv)
+        w.chats.open_conversation(conv)
         w.composer.edit.setPlainText(PROMPT)
         if not w.composer.button.isEnabled():
             raise SelfTestFailure("the Send button is disabled after the model loaded")

@@ -1,17 +1,26 @@
 """The main chat window: sidebar | model picker + conversation + composer | chat settings.
 
-Wiring only: conversation operations live in ``app.chat.conversations.Conversations``,
-streaming in ``app.chat.session.ChatSession``, the model every view shows in
-``app.loaded_model.LoadedModel``, the engine in ``app.worker.Worker`` (its own thread),
-rendering in ``app.chat.*`` widgets. The window shows dialogs and forwards their answers.
+Wiring only: the window builds the widgets and composes controllers, each constructed with
+exactly what it uses, and connects signals to them:
+
+- ``chats``: ``app.chat.conversation_controller.ConversationController`` (open, list, search,
+  rename, delete, export, copy);
+- ``sending``: ``app.chat.sending_controller.SendingController`` (send, edit, regenerate,
+  branches, stop, what streams);
+- ``chat_settings``: ``app.chat.settings_controller.ChatSettingsController`` (the settings
+  panel, the Think switch, presets);
+- ``dialogs``: ``app.chat.dialogs.Dialogs`` (the dialogs they ask for, parented to the window).
+
+Conversation operations live in ``app.chat.conversations.Conversations``, streaming in
+``app.chat.session.ChatSession``, the model every view shows in ``app.loaded_model.LoadedModel``,
+the engine in ``app.worker.Worker`` (its own thread), rendering in ``app.chat.*`` widgets. The
+window itself keeps the model loading and tuning, the appearance, and the lifecycle.
 Construct with ``loader`` (default ``engine.load``) and ``db_file`` to run over a fake engine or
 another database (tests, the bench); ``autoload=False`` skips loading a model at start.
 """
 from __future__ import annotations
 
 import gc
-import logging
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
@@ -19,12 +28,10 @@ from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
-    QLabel,
     QMainWindow,
     QMessageBox,
     QPushButton,
     QSplitter,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -32,26 +39,27 @@ from PySide6.QtWidgets import (
 from app import __version__
 from app.chat.aux_windows import AuxWindows
 from app.chat.composer import Composer
+from app.chat.conversation_controller import ConversationController
 from app.chat.conversation_view import ConversationView
 from app.chat.conversations import Conversations
+from app.chat.dialogs import Dialogs
+from app.chat.layout import box_layout
 from app.chat.markdown import highlight_html
 from app.chat.model_picker import ModelPicker
+from app.chat.notices import DataNotice, message_label, show_store_notice, show_text
+from app.chat.sending_controller import SendingController
 from app.chat.session import ChatSession
-from app.chat.settings import ChatSettings
+from app.chat.settings_controller import ChatSettingsController
 from app.chat.settings_dialog import AppPreferences, ChatSettingsPanel, DefaultsDialog
 from app.chat.sidebar import Sidebar
-from app.chat.window_conversations import ConversationActions
-from app.chat.window_sending import SendingActions
 from app.chat.theme import apply_app_style, apply_theme
-from app.db import StoreNotice, open_chat_store
+from app.db import open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
 from app.server_control import ServerControl, install as install_server
 from app.window_state import fit_to_screen, restore_geometry, save_geometry
 from app.worker import Loader, WorkerThread
 from engine.types import ModelInfo
-
-log = logging.getLogger(__name__)
 
 
 def _warm_up_highlighter() -> None:
@@ -84,14 +92,13 @@ def _examples_for(info) -> tuple[str, list[str]]:
             "and little else. Try:", list(DEMO_EXAMPLES))
 
 
-class MainWindow(ConversationActions, SendingActions, QMainWindow):
+class MainWindow(QMainWindow):
     def __init__(self, model_path: str | None = None, *, loader: Loader | None = None,
                  db_file: str | Path | None = None, autoload: bool = True) -> None:
         super().__init__()
         self.setWindowTitle("MTP Chat")
         self._closed = False
         self._restyling = False
-        self.search_matches: dict[int, tuple[int, str]] = {}
         self.store, self.store_notice = open_chat_store(
             (lambda: Path(db_file)) if db_file else db_path)
         self.conversations = Conversations(self.store)
@@ -102,6 +109,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.model.attach(self.worker)
         self.session = ChatSession(self.conversations, self.worker, self.model, self)
         self._build_ui()
+        self._build_controllers()
         self._build_menus()
         self._connect()
         for conv_id, text in self.store.problems:  # found while opening the store
@@ -114,10 +122,10 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         fit_to_screen(self, DEFAULT_SIZE)
         restore_geometry(self.store, "main", self)
         self.apply_preferences(self.prefs)
-        self.settings_panel.set_presets(self.store.presets())
-        self._show_store_notice(self.store_notice)
+        self.chat_settings.load_presets()
+        show_store_notice(self, self.storage_banner, self.store_notice)
         QApplication.styleHints().colorSchemeChanged.connect(self.on_color_scheme_changed)
-        self.open_conversation(self.conversations.start())
+        self.chats.open_conversation(self.conversations.start())
         if autoload:
             self.load_model(model_path or self._initial_model())
         QTimer.singleShot(200, _warm_up_highlighter)
@@ -136,28 +144,15 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.composer = Composer(self)
         self.settings_panel = ChatSettingsPanel(self)
         self.settings_panel.hide()
-        self.banner = QLabel("", self)
-        self.banner.setObjectName("errorText")
-        self.banner.setWordWrap(True)
-        self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.banner.setAccessibleName("Model message")
-        self.banner.hide()
-        self.storage_banner = QLabel("", self)
-        self.storage_banner.setObjectName("errorText")
-        self.storage_banner.setWordWrap(True)
-        self.storage_banner.setAccessibleName("Chat storage message")
-        self.storage_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.storage_banner.hide()
+        self.banner = message_label(self, "Model message")
+        self.storage_banner = message_label(self, "Chat storage message")
         self.settings_button = QPushButton("Chat settings", self)
         self.settings_button.setCheckable(True)
         self.settings_button.setAccessibleName("Show chat settings")
         self.settings_button.toggled.connect(self.settings_panel.setVisible)
         pane = QWidget(self)
-        pl = QVBoxLayout(pane)
-        pl.setContentsMargins(0, 8, 0, 0)
-        pl.setSpacing(4)
-        header = QHBoxLayout()
-        header.setContentsMargins(16, 0, 12, 0)
+        pl = box_layout(QVBoxLayout, pane, margins=(0, 8, 0, 0), spacing=4)
+        header = box_layout(QHBoxLayout, margins=(16, 0, 12, 0))
         header.addWidget(self.picker, 1)
         header.addWidget(self.settings_button)
         pl.addLayout(header)
@@ -173,43 +168,41 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.splitter.setSizes([250, 900, 300])
         self.setCentralWidget(self.splitter)
         self.statusBar().setAccessibleName("Status")
-        self._build_data_notice()
+        # a lasting, dismissable line naming chats with damaged values
+        self.data_notice_box = DataNotice(self)
+        self.data_notice = self.data_notice_box.label
+        self.statusBar().addPermanentWidget(self.data_notice_box)
 
-    def _build_data_notice(self) -> None:
-        """A lasting, dismissable line in the status bar naming chats with damaged values."""
-        box = QWidget(self)
-        hl = QHBoxLayout(box)
-        hl.setContentsMargins(0, 0, 0, 0)
-        hl.setSpacing(2)
-        self.data_notice = QLabel("", box)
-        self.data_notice.setObjectName("errorText")
-        self.data_notice.setAccessibleName("Damaged chat data")
-        close = QToolButton(box)
-        close.setObjectName("msgAction")
-        close.setText("×")
-        close.setAccessibleName("Dismiss the damaged chat data notice")
-        close.clicked.connect(box.hide)
-        hl.addWidget(self.data_notice)
-        hl.addWidget(close)
-        box.hide()
-        self.data_notice_box = box
-        self.data_notices: list[str] = []
-        self.statusBar().addPermanentWidget(box)
+    def _build_controllers(self) -> None:
+        self.dialogs = Dialogs(self)
+        status = self.statusBar()
+        self.chats = ConversationController(
+            self.conversations, self.session, sidebar=self.sidebar, view=self.view,
+            composer=self.composer, dialogs=self.dialogs, status=status, parent=self)
+        self.sending = SendingController(
+            self.conversations, self.session, self.model, chats=self.chats, view=self.view,
+            composer=self.composer, dialogs=self.dialogs, status=status, parent=self)
+        self.chat_settings = ChatSettingsController(
+            self.conversations, self.store, self.model, panel=self.settings_panel,
+            composer=self.composer, parent=self)
 
     def _build_menus(self) -> None:
         mb = self.menuBar()
+        chats, sending = self.chats, self.sending
         file_menu = mb.addMenu("&File")
-        self.new_action = self._action(file_menu, "&New Chat", self.new_chat, QKeySequence.StandardKey.New)
-        self._action(file_menu, "Export as &Markdown…", lambda: self._export_current("md"))
-        self._action(file_menu, "Export as &JSON…", lambda: self._export_current("json"))
+        self.new_action = self._action(file_menu, "&New Chat", chats.new_chat,
+                                       QKeySequence.StandardKey.New)
+        self._action(file_menu, "Export as &Markdown…", lambda: chats.export_current("md"))
+        self._action(file_menu, "Export as &JSON…", lambda: chats.export_current("json"))
         file_menu.addSeparator()
         self._action(file_menu, "&Settings…", self.open_defaults, QKeySequence("Ctrl+,"))
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         edit_menu = mb.addMenu("&Edit")
-        self._action(edit_menu, "&Find Chats", self.focus_search, QKeySequence.StandardKey.Find)
-        self._action(edit_menu, "&Copy Chat as Markdown", self.copy_chat, QKeySequence("Ctrl+Shift+C"))
-        self.stop_action = self._action(edit_menu, "&Stop Generating", self.stop, None)
+        self._action(edit_menu, "&Find Chats", chats.focus_search, QKeySequence.StandardKey.Find)
+        self._action(edit_menu, "&Copy Chat as Markdown", chats.copy_chat,
+                     QKeySequence("Ctrl+Shift+C"))
+        self.stop_action = self._action(edit_menu, "&Stop Generating", sending.stop, None)
         view = mb.addMenu("&View")
         self.tint_action = self._action(view, "Show &Speculation", self.toggle_tint,
                                         QKeySequence("Ctrl+Shift+T"))
@@ -222,7 +215,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         help_menu = mb.addMenu("&Help")
         self._action(help_menu, "&About MTP Chat", self.show_about)
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
-        esc.activated.connect(self.on_escape)
+        esc.activated.connect(sending.on_escape)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         a = QAction(text, self)
@@ -233,43 +226,49 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         return a
 
     def _connect(self) -> None:
-        s = self.session
-        s.stream_updated.connect(self.on_stream_updated)
-        s.stream_finished.connect(self.on_stream_finished)
-        s.busy_changed.connect(self.on_busy_changed)
-        s.conversations_changed.connect(self.refresh_sidebar)
-        s.messages_changed.connect(self.on_messages_changed)
-        s.storage_failed.connect(self.show_storage_message)
-        s.storage_recovered.connect(lambda: self.show_storage_message(
-            self.store_notice.message if self.store_notice else ""))
-        self.model.changed.connect(self.on_model_changed)
-        self.model.status_changed.connect(self.on_model_status)
-        w = self.worker
-        w.tune_progress.connect(self.on_tune_progress)
-        w.tune_finished.connect(self.on_tune_finished)
-        w.tune_failed.connect(self.on_tune_failed)
-        sb = self.sidebar
-        sb.conversation_selected.connect(self.open_conversation)
-        sb.new_requested.connect(self.new_chat)
-        sb.rename_requested.connect(self.ask_rename)
-        sb.delete_requested.connect(self.delete_conversation)
-        sb.undo_requested.connect(self.undo_delete)
-        sb.export_requested.connect(self.ask_export)
-        sb.search_changed.connect(lambda _t: self.refresh_sidebar())
-        self.composer.send_requested.connect(self.on_send)
-        self.composer.stop_requested.connect(self.stop)
-        self.view.edit_requested.connect(self.begin_edit)
-        self.view.regenerate_requested.connect(self.regenerate)
-        self.view.branch_requested.connect(self.switch_branch)
-        self.composer.attach_failed.connect(lambda text: self.show_error("Cannot attach", text))
-        self.composer.attachments_changed.connect(self.on_attachments_changed)
-        self.view.example_requested.connect(self.on_send)
-        self.picker.load_requested.connect(self.load_model)
-        self.settings_panel.settings_changed.connect(self.on_chat_settings_changed)
-        self.settings_panel.reset_requested.connect(self.reset_chat_settings)
-        self.settings_panel.preset_saved.connect(self.save_preset)
-        self.settings_panel.preset_deleted.connect(self.delete_preset)
-        self.composer.thinking_toggled.connect(self.set_thinking)
+        """Every signal of the session, the model, the worker and the widgets to its slot."""
+        s, w, chats, sending = self.session, self.worker, self.chats, self.sending
+        settings = self.chat_settings
+        sb, c, v, p = self.sidebar, self.composer, self.view, self.settings_panel
+        for signal, slot in (
+                (s.stream_updated, sending.on_stream_updated),
+                (s.stream_finished, sending.on_stream_finished),
+                (s.busy_changed, sending.on_busy_changed),
+                (s.conversations_changed, chats.refresh_sidebar),
+                (s.messages_changed, sending.on_messages_changed),
+                (s.storage_failed, self.show_storage_message),
+                (s.storage_recovered, lambda: self.show_storage_message(
+                    self.store_notice.message if self.store_notice else "")),
+                (self.model.changed, self.on_model_changed),
+                (self.model.status_changed, self.on_model_status),
+                (w.tune_progress, self.on_tune_progress),
+                (w.tune_finished, self.on_tune_finished),
+                (w.tune_failed, self.on_tune_failed),
+                # an opened chat: its settings, and the composer's state there
+                (chats.opened, settings.show),
+                (chats.opened, lambda _conv: sending.sync_composer()),
+                (sb.conversation_selected, chats.open_conversation),
+                (sb.new_requested, chats.new_chat),
+                (sb.rename_requested, chats.ask_rename),
+                (sb.delete_requested, chats.delete_conversation),
+                (sb.undo_requested, chats.undo_delete),
+                (sb.export_requested, chats.ask_export),
+                (sb.search_changed, lambda _t: chats.refresh_sidebar()),
+                (c.send_requested, sending.send),
+                (c.stop_requested, sending.stop),
+                (c.attach_failed, lambda text: self.dialogs.show_error("Cannot attach", text)),
+                (c.attachments_changed, sending.on_attachments_changed),
+                (c.thinking_toggled, settings.set_thinking),
+                (v.edit_requested, sending.begin_edit),
+                (v.regenerate_requested, sending.regenerate),
+                (v.branch_requested, sending.switch_branch),
+                (v.example_requested, sending.send),
+                (self.picker.load_requested, self.load_model),
+                (p.settings_changed, settings.on_chat_settings_changed),
+                (p.reset_requested, settings.reset_chat_settings),
+                (p.preset_saved, settings.save_preset),
+                (p.preset_deleted, settings.delete_preset)):
+            signal.connect(slot)
 
     def _initial_model(self) -> str:
         last = self.conversations.last_model()
@@ -305,7 +304,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.view.model_name = info.name
         self.settings_panel.form.set_model_info(info)
         self.conversations.remember_model(info.path)
-        self.sync_thinking()
+        self.chat_settings.sync_thinking()
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
         QTimer.singleShot(0, _freeze_heap)
 
@@ -324,9 +323,8 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         else:
             self.picker.set_failed("Not loaded")
             self.view.set_examples("", [])
-        self.banner.setText(m.error)
-        self.banner.setVisible(bool(m.error))
-        self._sync_composer()
+        show_text(self.banner, m.error)
+        self.sending.sync_composer()
 
     @Slot(int, int, str)
     def on_tune_progress(self, done: int, total: int, message: str) -> None:
@@ -347,42 +345,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
             return
         self.statusBar().showMessage(f"Tuning failed: {message}", 15000)
 
-    # -- settings and appearance ---------------------------------------------------------------
-    def on_chat_settings_changed(self, settings: ChatSettings) -> None:
-        if self.current_conv is not None:
-            self.conversations.set_settings(self.current_conv, settings)
-        self.sync_thinking()
-
-    def sync_thinking(self) -> None:
-        """The composer's Think switch shows this chat's setting and the model's ability."""
-        if self.current_conv is None:
-            return
-        info = self.model.info
-        able = info is None or bool(getattr(info, "supports_thinking", False))
-        self.composer.set_thinking(self.conversations.settings_for(self.current_conv).thinking,
-                                   available=able)
-
-    def set_thinking(self, on: bool) -> None:
-        if self.current_conv is None:
-            return
-        settings = replace(self.conversations.settings_for(self.current_conv), thinking=on)
-        self.conversations.set_settings(self.current_conv, settings)
-        self.settings_panel.form.set_settings(settings)
-
-    def save_preset(self, name: str, prompt: str) -> None:
-        self.store.save_preset(name, prompt)
-        self.settings_panel.set_presets(self.store.presets())
-
-    def delete_preset(self, name: str) -> None:
-        if name:
-            self.store.delete_preset(name)
-            self.settings_panel.set_presets(self.store.presets())
-
-    def reset_chat_settings(self) -> None:
-        if self.current_conv is not None:
-            self.settings_panel.form.set_settings(
-                self.conversations.reset_settings(self.current_conv))
-
+    # -- appearance ----------------------------------------------------------------------------
     def open_defaults(self) -> None:
         dlg = DefaultsDialog(self.conversations.defaults, self.prefs, self.model.info, self)
         if dlg.exec():
@@ -406,7 +369,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self.conversations.set_preferences(prefs.__dict__)
         self.prefs = prefs
         self.view.tint = prefs.show_speculation
-        self._reload_view()
+        self.chats.reload_view()
 
     def restyle(self) -> None:
         """Re-derive the chat colours from the palette and re-render (code colours change)."""
@@ -415,7 +378,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         self._restyling = True
         try:
             apply_app_style()
-            self._reload_view()
+            self.chats.reload_view()
         finally:
             self._restyling = False
 
@@ -436,19 +399,6 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
                           f"MTP Chat {__version__}\n\nLocal chat with exact multi-token-prediction "
                           "speculative decoding.")
 
-    def _show_store_notice(self, notice: StoreNotice | None) -> None:
-        """A damaged or unwritable chat database: a lasting banner, and for a recovery a
-        dialog saying where the old file was kept (non-blocking: the app stays usable)."""
-        if notice is None:
-            return
-        log.warning("chat database: %s", notice.message)
-        self.show_storage_message(notice.message)
-        if notice.kind == "recovered":
-            box = QMessageBox(QMessageBox.Icon.Warning, "Chat history recovered", notice.message,
-                              QMessageBox.StandardButton.Ok, self)
-            box.setObjectName("storeNoticeDialog")
-            QTimer.singleShot(0, box.open)
-
     def _full_text(self, msg_id: int) -> str:
         """A message's whole text (the view reads only the start of a long one)."""
         msg = self.conversations.message(msg_id)
@@ -457,19 +407,12 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
     def on_store_problem(self, _conv_id: int | None, text: str) -> None:
         """A bad value in the chat database was ignored (``ChatStore.note_problem`` logged
         it with the file): say which chat in the status bar, without interrupting."""
-        self.data_notices.append(text)
-        more = len(self.data_notices) - 1
-        line = self.data_notices[0] + (f" (and {more} more)" if more else "")
-        fm = self.data_notice.fontMetrics()
-        self.data_notice.setText(fm.elidedText(line, Qt.TextElideMode.ElideMiddle, 640))
-        self.data_notice.setToolTip("\n".join(self.data_notices) + "\n\nDetails are in the log.")
-        self.data_notice_box.show()
+        self.data_notice_box.add(text)
 
     @Slot(str)
     def show_storage_message(self, text: str) -> None:
         """The chat-storage banner above the conversation (empty text hides it)."""
-        self.storage_banner.setText(text)
-        self.storage_banner.setVisible(bool(text))
+        show_text(self.storage_banner, text)
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.shutdown()
@@ -480,6 +423,7 @@ class MainWindow(ConversationActions, SendingActions, QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self.chats.closed = self.sending.closed = True
         self.session.shutdown()
         self.server.shutdown()
         self.worker_thread.shutdown()

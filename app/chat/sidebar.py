@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.layout import box_layout
 from app.db import Conversation
 
 UNDO_SECONDS = 10
@@ -96,9 +97,7 @@ class Sidebar(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setMinimumWidth(170)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 4, 8)
-        lay.setSpacing(6)
+        lay = box_layout(QVBoxLayout, self, margins=(8, 8, 4, 8), spacing=6)
         self.new_button = QPushButton("New chat", self)
         self.new_button.setAccessibleName("New chat")
         self.new_button.setToolTip("New chat (Ctrl+N)")

@@ -7,10 +7,10 @@ Signals: ``check_requested(str repo_id)`` and
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
-from app.models.panels import fmt_bytes, fmt_gib, verdict_chip
+from app.models.panels import fmt_bytes, fmt_gib, model_table, verdict_chip
 from engine.errors import EngineError
 
 CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")
@@ -31,16 +31,10 @@ class CatalogPanel(QWidget):
         self.machine_label = QLabel("", page)
         self.machine_label.setAccessibleName("This machine")
         lay.addWidget(self.machine_label)
-        self.table = QTableWidget(0, len(CATALOG_COLUMNS), page)
-        self.table.setHorizontalHeaderLabels(CATALOG_COLUMNS)
-        self.table.setAccessibleName("Model catalog")
-        self.table.verticalHeader().setVisible(False)
+        self.table = model_table(page, CATALOG_COLUMNS, "Model catalog")
         self.table.verticalHeader().setDefaultSectionSize(34)
         self.table.setWordWrap(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         hdr = self.table.horizontalHeader()
-        hdr.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for col in range(1, len(CATALOG_COLUMNS)):
             hdr.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         lay.addWidget(self.table, 1)

@@ -1,13 +1,16 @@
-"""Pieces of the model manager: formatting, the pre-check report, one download's row."""
+"""Pieces of the model manager: formatting, the pre-check report, one download's row, a table of
+models, a yes/no question, the Hugging Face token dialog."""
 from __future__ import annotations
 
 import html
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderView, QInputDialog,
+                               QLabel, QLineEdit, QMessageBox, QProgressBar, QPushButton,
+                               QTableWidget, QVBoxLayout, QWidget)
 
 from app.models.jobs import DownloadJob
+from engine import hub
 
 VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401", "too slow": "#b3261e",
                   "not enough memory": "#d93025", "not enough disk": "#d93025",
@@ -44,6 +47,35 @@ def fmt_duration(s: float | None) -> str:
     if s >= 60:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s} s"
+
+
+def model_table(parent: QWidget, columns: tuple[str, ...], accessible_name: str) -> QTableWidget:
+    """A read-only table of models, one a row (selected whole), its first column stretched."""
+    t = QTableWidget(0, len(columns), parent)
+    t.setHorizontalHeaderLabels(columns)
+    t.setAccessibleName(accessible_name)
+    t.verticalHeader().setVisible(False)
+    t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    t.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    return t
+
+
+def ask_yes_no(parent: QWidget, title: str, text: str) -> bool:
+    """A yes/no question (the model manager asks before deleting or downloading)."""
+    answer = QMessageBox.question(parent, title, text)
+    return answer == QMessageBox.StandardButton.Yes
+
+
+def edit_token(parent: QWidget) -> bool:
+    """Ask for the user's Hugging Face token and save it (returns whether one is set)."""
+    tok, ok = QInputDialog.getText(
+        parent, "Hugging Face token", "Token for gated models (from huggingface.co/settings/"
+        "tokens; leave empty to forget it):", QLineEdit.EchoMode.Password,
+        hub.saved_token() or "")
+    if ok:
+        hub.save_token(tok.strip() or None)
+    return bool(ok and tok.strip())
 
 
 def verdict_chip(verdict: str, parent: QWidget | None = None) -> QLabel:

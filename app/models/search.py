@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QLineEdit, QPushButton, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
 
 from app.models.jobs import run_in_pool
-from app.models.panels import fmt_bytes, fmt_gib, verdict_chip
+from app.models.panels import fmt_bytes, fmt_gib, model_table, verdict_chip
 
 log = logging.getLogger(__name__)
 SEARCH_COLUMNS = ("Model", "MTP", "Quantization", "Size", "Gated / licence", "Downloads",
@@ -56,13 +56,7 @@ class SearchPanel(QWidget):
         self.status.setObjectName("muted")
         self.status.setAccessibleName("Search status")
         lay.addWidget(self.status)
-        t = self.table = QTableWidget(0, len(SEARCH_COLUMNS), self)
-        t.setHorizontalHeaderLabels(SEARCH_COLUMNS)
-        t.setAccessibleName("Search results")
-        t.verticalHeader().setVisible(False)
-        t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        t.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        t = self.table = model_table(self, SEARCH_COLUMNS, "Search results")
         t.itemDoubleClicked.connect(
             lambda item: self.check_requested.emit(self.results[item.row()].repo_id))
         lay.addWidget(t, 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from app.fake_engine import FakeModel, make_fake_loader
+from app.fake.engine import FakeModel, make_fake_loader
 from app.worker import WorkerThread
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.fake_engine import FakeModel
+from app.fake.engine import FakeModel
 from tests.app.chat_fixtures import make_window
 
 

@@ -90,7 +90,7 @@ def _chat(app, out: Path, fake_loader, home: Path):
 def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
 
-    from app.fake_engine import FakeModel, make_fake_loader
+    from app.fake.engine import FakeModel, make_fake_loader
 
     out = Path(argv[0] if argv else "docs/screenshots")
     out.mkdir(parents=True, exist_ok=True)

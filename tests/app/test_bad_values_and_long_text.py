@@ -119,7 +119,7 @@ def test_a_5_mb_message_shows_its_start_and_the_whole_on_request(win, qtbot, rol
     cid = win.conversations.current
     mid = win.store.add_message(cid, role, big)
     t0 = time.perf_counter()
-    win.open_conversation(cid)
+    win.chats.open_conversation(cid)
     qtbot.wait(10)
     took = time.perf_counter() - t0
     w = win.view.widgets[mid]
@@ -139,7 +139,7 @@ def test_a_5_mb_message_shows_its_start_and_the_whole_on_request(win, qtbot, rol
 def test_a_short_message_has_no_show_full_button(win, qtbot):
     cid = win.conversations.current
     mid = win.store.add_message(cid, "user", "hi")
-    win.open_conversation(cid)
+    win.chats.open_conversation(cid)
     assert not win.view.widgets[mid].more_button.isVisible()
 
 
@@ -148,7 +148,7 @@ def test_the_window_names_a_chat_with_a_damaged_value(win, qtbot):
     win.store.rename_conversation(cid, "Broken one")
     mid = win.store.add_message(cid, "assistant", "x", meta={"status": "done"})
     win.store._db.execute("UPDATE messages SET meta='{\"stats\": 1}' WHERE id=?", (mid,))
-    win.open_conversation(cid)
+    win.chats.open_conversation(cid)
     assert win.data_notice_box.isVisible()
     assert "Broken one" in win.data_notice.text() and "stats" in win.data_notice.toolTip()
     assert math.isfinite(win.store.messages(cid)[0].created_at)
@@ -164,7 +164,7 @@ def test_screenshot_of_a_long_message(win, qtbot, tmp_path):
     win.store.add_message(cid, "user", "Summarise this log")
     big = ("2026-01-01 12:00:00 INFO worker: step done in 12 ms, `queue=3`\n" * 6 + "\n") * 14_000
     mid = win.store.add_message(cid, "assistant", big, meta={"status": "done"})
-    win.open_conversation(cid)
+    win.chats.open_conversation(cid)
     win.resize(1180, 760)
     win.view.ensureWidgetVisible(win.view.widgets[mid].more_button)
     qtbot.wait(300)
@@ -177,7 +177,7 @@ def test_screenshot_of_a_long_message(win, qtbot, tmp_path):
     dialog.close()
     win.store._db.execute("UPDATE conversations SET settings='{\"top_k\": 1e300}' WHERE id=?",
                           (cid,))
-    win.open_conversation(cid)
+    win.chats.open_conversation(cid)
     qtbot.wait(100)
     assert win.data_notice_box.isVisible()
     assert win.grab().save(str(out.with_name("damaged-value-notice.png")))

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from app.db import ChatStore
-from app.fake_engine import FakeModel
+from app.fake.engine import FakeModel
 from tests.app.chat_fixtures import make_window, send
 
 pytestmark = pytest.mark.gui
@@ -64,7 +64,7 @@ def test_edit_branches_and_the_conversation_below_follows_across_restart(qtbot, 
     w.close()
 
     w2 = make_window(qtbot, tmp_path, fake)  # a restart: same database
-    w2.open_conversation(conv)
+    w2.chats.open_conversation(conv)
     assert [c for _, c in _path(w2)] == ["one, edited", "R."]
     top = w2.view.widgets[min(w2.view.widgets)]
     assert top.branch_label.text() == "2/2"
@@ -73,7 +73,7 @@ def test_edit_branches_and_the_conversation_below_follows_across_restart(qtbot, 
     assert w2.view.widgets[min(w2.view.widgets)].branch_label.text() == "1/2"
     w2.close()
     w3 = make_window(qtbot, tmp_path, fake)  # the chosen branch is remembered
-    w3.open_conversation(conv)
+    w3.chats.open_conversation(conv)
     assert [c for _, c in _path(w3)] == ["one", "R.", "two", "R."]
     w3.close()
 

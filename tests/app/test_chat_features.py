@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.fake_engine import FakeModel, fake_model_info
+from app.fake.engine import FakeModel, fake_model_info
 from tests.app.chat_fixtures import make_window, send
 
 pytestmark = pytest.mark.gui
@@ -33,7 +33,7 @@ def test_presets_are_saved_and_picked_per_chat(qtbot, win, fake, tmp_path):
     assert panel.preset.currentText() == "Pirate"
     send(qtbot, win, "hello")
     first = win.current_conv
-    win.new_chat()
+    win.chats.new_chat()
     send(qtbot, win, "hello")  # a new chat: no system prompt
     second = win.current_conv
     assert win.conversations.settings_for(second).system_prompt == ""
@@ -48,7 +48,7 @@ def test_presets_are_saved_and_picked_per_chat(qtbot, win, fake, tmp_path):
     win.close()
     w2 = make_window(qtbot, tmp_path, fake)  # presets survive a restart
     assert w2.settings_panel.presets == {"Pirate": "You are a pirate."}
-    w2.delete_preset("Pirate")
+    w2.chat_settings.delete_preset("Pirate")
     assert w2.store.presets() == []
     w2.close()
 
@@ -63,7 +63,7 @@ def test_thinking_switch_per_chat(qtbot, win, fake):
     send(qtbot, win, "think please")
     reply = [m for m in win.store.messages(win.current_conv) if m.role == "assistant"][-1]
     assert reply.content.startswith("<think>")
-    win.new_chat()
+    win.chats.new_chat()
     assert not button.isChecked()  # per chat
 
 
@@ -76,7 +76,7 @@ def test_thinking_switch_disabled_without_template_support(qtbot, tmp_path):
 
 def test_the_last_used_model_is_loaded_at_start(qtbot, tmp_path, fake):
     from app.chat.main_window import MainWindow
-    from app.fake_engine import make_fake_loader
+    from app.fake.engine import make_fake_loader
 
     w = make_window(qtbot, tmp_path, fake)
     loaded = w.model.info.path
@@ -107,7 +107,7 @@ def test_attachments_show_as_chips_go_into_the_prompt_and_persist(qtbot, win, fa
     conv = win.current_conv
     win.close()
     w2 = make_window(qtbot, tmp_path, fake)
-    w2.open_conversation(conv)
+    w2.chats.open_conversation(conv)
     assert [c.text() for c in w2.view.widgets[user.id].chips] == ["notes.md", "tool.py"]
     w2.close()
 
@@ -164,10 +164,10 @@ def test_long_conversation_offers_to_drop_the_oldest_turns(qtbot, tmp_path, monk
     fake = FakeModel(tokens_per_second=20000, script="A reply of some length. " * 4)
     w = make_window(qtbot, tmp_path, fake)
     _small_context(w, 1200)
-    w.on_chat_settings_changed(replace(w.conversations.settings_for(w.current_conv),
+    w.chat_settings.on_chat_settings_changed(replace(w.conversations.settings_for(w.current_conv),
                                        system_prompt="Be brief.", max_tokens=100))
     asked = []
-    w.confirm = lambda title, text: asked.append((title, text)) or False
+    w.dialogs.confirm = lambda title, text: asked.append((title, text)) or False
     n = 0
     while not asked and n < 40:
         w.composer.edit.setPlainText(f"question {n} " + "x" * 150)
@@ -177,7 +177,7 @@ def test_long_conversation_offers_to_drop_the_oldest_turns(qtbot, tmp_path, monk
     assert asked and "no longer fits" in asked[0][0] and "oldest" in asked[0][1]
     before = len(w.store.messages(w.current_conv))
     assert w.composer.text  # declined: nothing sent, the text is kept
-    w.confirm = lambda title, text: True
+    w.dialogs.confirm = lambda title, text: True
     w.composer.button.click()
     qtbot.waitUntil(lambda: not w.session.streams, timeout=5000)
     assert len(w.store.messages(w.current_conv)) == before + 2  # nothing deleted

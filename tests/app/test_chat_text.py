@@ -21,7 +21,7 @@ from app.chat.session import Stream
 from app.chat.stats_line import format_stats
 from app.chat.settings import ChatSettings
 from app.db import Conversation, Message
-from app.fake_engine import DEFAULT_SCRIPT, THINK_SCRIPT, fake_model_info
+from app.fake.engine import DEFAULT_SCRIPT, THINK_SCRIPT, fake_model_info
 
 SAMPLES = [
     DEFAULT_SCRIPT,

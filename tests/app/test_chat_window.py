@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.db import ChatStore
-from app.fake_engine import DEFAULT_SCRIPT, FakeModel
+from app.fake.engine import DEFAULT_SCRIPT, FakeModel
 from tests.app.chat_fixtures import make_window, send
 
 pytestmark = pytest.mark.gui
@@ -67,7 +67,7 @@ def test_copy_buttons(qtbot, win):
     code = next(b for b in widget.body.block_widgets() if type(b).__name__ == "CodeBlock")
     code.copy_button.click()
     assert QGuiApplication.clipboard().text().startswith("def fib(n: int)")
-    win.copy_chat()
+    win.chats.copy_chat()
     whole = QGuiApplication.clipboard().text()
     assert whole.startswith("# x\n") and "## User\n\nx" in whole and "def fib" in whole
 
@@ -122,22 +122,22 @@ def test_switching_chats_mid_stream_keeps_the_reply_in_its_chat(qtbot, tmp_path)
     conv_a = w.current_conv
     send(qtbot, w, "A question", wait=False)
     qtbot.waitUntil(lambda: any(s.content for s in w.session.streams.values()), timeout=5000)
-    w.new_chat()
+    w.chats.new_chat()
     conv_b = w.current_conv
     assert conv_b != conv_a
     assert not w.composer.button.isEnabled()
     assert "A question" in w.composer.hint.text()
     # back to A while it is still streaming: the live reply is shown and keeps growing
-    w.open_conversation(conv_a)
+    w.chats.open_conversation(conv_a)
     live = next(iter(w.session.streams.values()))
     widget = w.view.widgets[live.msg_id]
     qtbot.waitUntil(lambda: len(widget.content) > 40, timeout=5000)
-    w.open_conversation(conv_b)
+    w.chats.open_conversation(conv_b)
     qtbot.waitUntil(lambda: not w.session.streams, timeout=15000)
     assert [m.content for m in _assistant(w, conv_a)] == [DEFAULT_SCRIPT]
     assert w.store.messages(conv_b) == []
     assert w.view.conv_id == conv_b and not w.view.widgets
-    w.open_conversation(conv_a)
+    w.chats.open_conversation(conv_a)
     assert [x.content for x in w.view.widgets.values()][-1] == DEFAULT_SCRIPT
     w.close()
 
@@ -152,7 +152,7 @@ def test_reply_is_flushed_while_streaming(qtbot, tmp_path):
         assert other.message(msg_id).meta["status"] == "streaming"
     finally:
         other.close()
-    w.stop()
+    w.sending.stop()
     qtbot.waitUntil(lambda: not w.session.streams, timeout=5000)
     w.close()
 
@@ -175,7 +175,7 @@ def test_edit_and_resend_starts_a_new_version_keeping_the_old_one(qtbot, win, fa
     send(qtbot, win, "question two")
     first_user = win.store.messages(win.current_conv)[0]
     asked = []
-    win.confirm = lambda title, text: asked.append(text) or False
+    win.dialogs.confirm = lambda title, text: asked.append(text) or False
     win.view.widgets[first_user.id].edit_button.click()
     assert win.composer.editing_msg_id == first_user.id
     assert win.composer.text == "question one"
@@ -261,11 +261,11 @@ def test_reply_interrupted_by_quitting_is_kept(qtbot, tmp_path):
 def test_search_filters_the_sidebar(qtbot, win):
     send(qtbot, win, "tell me about penguins")
     conv_a = win.current_conv
-    win.new_chat()
+    win.chats.new_chat()
     send(qtbot, win, "and now giraffes")
     conv_b = win.current_conv
     assert win.sidebar.ids() == [conv_b, conv_a]
-    win.focus_search()
+    win.chats.focus_search()
     qtbot.keyClicks(win.sidebar.search, "PENGUIN")
     qtbot.waitUntil(lambda: win.sidebar.ids() == [conv_a], timeout=3000)
     win.sidebar.search.setText("fib(10)")  # text of the replies, in both chats
@@ -277,21 +277,21 @@ def test_search_filters_the_sidebar(qtbot, win):
 def test_delete_with_undo(qtbot, win):
     send(qtbot, win, "keep this")
     doomed = win.current_conv
-    win.new_chat()
+    win.chats.new_chat()
     send(qtbot, win, "second")
     other = win.current_conv
-    win.delete_conversation(doomed)
+    win.chats.delete_conversation(doomed)
     assert win.sidebar.ids() == [other]
     assert win.sidebar.undo_bar.isVisibleTo(win.sidebar)
     win.sidebar.undo_button.click()
     assert set(win.sidebar.ids()) == {doomed, other} and win.current_conv == doomed
     assert [m.content for m in win.store.messages(doomed)][0] == "keep this"
     # deleting the open chat moves to another; a second deletion makes the first final
-    win.delete_conversation(doomed)
+    win.chats.delete_conversation(doomed)
     assert win.current_conv == other
-    win.delete_conversation(other)  # the last one: a fresh empty chat takes its place
+    win.chats.delete_conversation(other)  # the last one: a fresh empty chat takes its place
     assert other not in win.sidebar.ids() and len(win.sidebar.ids()) == 1
-    win.undo_delete()
+    win.chats.undo_delete()
     assert other in win.sidebar.ids() and doomed not in win.sidebar.ids()
     assert win.store.messages(doomed) == []
 
@@ -303,21 +303,21 @@ def test_delete_key_in_the_list(qtbot, win):
     win.sidebar.select(conv)
     qtbot.keyClick(win.sidebar.list, Qt.Key.Key_Delete)
     assert conv not in win.sidebar.ids()
-    win.undo_delete()
+    win.chats.undo_delete()
     assert conv in win.sidebar.ids()
 
 
 def test_rename(qtbot, win):
     send(qtbot, win, "x")
-    win.rename_conversation(win.current_conv, "My title")
+    win.chats.rename_conversation(win.current_conv, "My title")
     assert win.sidebar.list.item(0).text().startswith("My title")
 
 
 def test_export_markdown_and_json(qtbot, win, tmp_path):
     send(qtbot, win, "export me")
-    md = win.export_conversation(win.current_conv, "md", tmp_path / "c.md").read_text("utf-8")
+    md = win.chats.export_conversation(win.current_conv, "md", tmp_path / "c.md").read_text("utf-8")
     assert md.startswith("# export me") and "## Assistant" in md and "def fib" in md
-    data = json.loads(win.export_conversation(win.current_conv, "json", tmp_path / "c.json")
+    data = json.loads(win.chats.export_conversation(win.current_conv, "json", tmp_path / "c.json")
                       .read_text("utf-8"))
     assert [m["content"] for m in data["messages"]] == ["export me", DEFAULT_SCRIPT]
 
@@ -372,7 +372,7 @@ def test_load_failure_is_reported(qtbot, tmp_path):
 
 
 def test_model_capabilities_drive_the_settings(qtbot, tmp_path):
-    from app.fake_engine import fake_model_info
+    from app.fake.engine import fake_model_info
 
     fake = FakeModel()
     fake.info = fake_model_info(supports_thinking=False, has_mtp=False)
@@ -426,7 +426,7 @@ def test_view_menu_opens_the_other_windows(qtbot, win):
     dash, models = win.aux.show_dashboard(), win.aux.show_models()
     assert dash.isVisible() and models.isVisible()
     assert win.aux.show_dashboard() is dash and win.aux.show_models() is models  # made once
-    assert dash.info is win.model.info and models.loaded_path == win.model.info.path
+    assert dash.info is win.model.info and models.installed_panel.loaded_path == win.model.info.path
     dash.close()
     models.close()
 
@@ -448,10 +448,11 @@ def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypa
     qtbot.waitUntil(lambda: len([e for e in seen if e[2]]) == 4, timeout=5000)
     assert ("dash", 2, 2, "depth 1") in seen and ("models", 2, 2, "depth 1") in seen
     assert seen[0] == ("dash", 0, 0, "Starting…")  # shown running from the first moment
-    qtbot.waitUntil(lambda: models.tune_status.text().startswith("Tuning done"), timeout=5000)
+    qtbot.waitUntil(lambda: models.installed_panel.tune_status.text().startswith("Tuning done"),
+                    timeout=5000)
     monkeypatch.undo()
     models.on_tune_progress(2, 2, "depth 1")
-    assert models.tune_status.text() == "Tuning 2/2: depth 1"
+    assert models.installed_panel.tune_status.text() == "Tuning 2/2: depth 1"
     dash.close()
     models.close()
 
@@ -483,7 +484,7 @@ def test_controls_have_accessible_names(qtbot, win):
 
 def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
     """Quitting while the model loads: its 'loaded' arrives after the database is closed."""
-    from app.fake_engine import make_fake_loader
+    from app.fake.engine import make_fake_loader
     from app.chat.main_window import MainWindow
 
     (tmp_path / "m").mkdir()

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gui
 
 def test_export_to_a_missing_folder_shows_a_dialog(qtbot, win, tmp_path):
     send(qtbot, win, "export me")
-    out = win.export_conversation(win.current_conv, "md", tmp_path / "no" / "such" / "c.md")
+    out = win.chats.export_conversation(win.current_conv, "md", tmp_path / "no" / "such" / "c.md")
     assert out is None
     box = win.findChild(QMessageBox, "errorDialog")
     assert box is not None and box.isVisible() and "could not be exported" in box.text()
@@ -34,12 +34,12 @@ def test_export_dialog_opens_in_documents_then_the_last_folder(qtbot, win, tmp_p
         return str(target / Path(start).name), filt
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(fake_dialog))
-    win.ask_export(win.current_conv, "md")
+    win.chats.ask_export(win.current_conv, "md")
     docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
     expected = Path(docs) if docs and Path(docs).is_dir() else Path.home()
     assert seen[0].parent == expected and seen[0].name == "export me.md"
     assert (target / "export me.md").is_file()
-    win.ask_export(win.current_conv, "json")
+    win.chats.ask_export(win.current_conv, "json")
     assert seen[1].parent == target  # the last used folder
 
 
@@ -48,7 +48,7 @@ def test_search_shows_snippets_no_matches_and_jumps_to_the_match(qtbot, win):
     for i in range(5):
         send(qtbot, win, f"filler {i}")
     first = win.current_conv
-    win.new_chat()
+    win.chats.new_chat()
     send(qtbot, win, "something else")
     win.sidebar.search.setText("PENGUINS")
     qtbot.waitUntil(lambda: win.sidebar.ids() == [first], timeout=2000)

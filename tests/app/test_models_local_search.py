@@ -43,22 +43,23 @@ def window(qtbot, tmp_path, monkeypatch, tiny):
 def test_on_this_machine_lists_cache_models_and_imports_by_hard_link(qtbot, window):
     w = window()
     assert w.tabs.tabText(3) == "On this machine" and w.tabs.tabText(4) == "Search"
-    qtbot.waitUntil(lambda: len(w.external) == 2, timeout=20_000)
-    t = w.installed_table
+    qtbot.waitUntil(lambda: len(w.installed_panel.external) == 2, timeout=20_000)
+    t = w.installed_panel.installed_table
     where = {t.item(r, 0).text(): t.item(r, 1).text() for r in range(t.rowCount())}
     assert where["Qwen/Tiny-MTP"] == "Hugging Face cache"
     assert where["lmstudio-community/Tiny"] == "LM Studio"
-    w.select_model("Qwen/Tiny-MTP")
-    b = w.installed_buttons
+    w.installed_panel.select_model("Qwen/Tiny-MTP")
+    b = w.installed_panel.installed_buttons
     assert b["load"].isEnabled() and not b["delete"].isEnabled()
     assert "never deletes" in b["delete"].toolTip()
     with qtbot.waitSignal(w.load_requested) as sig:
         qtbot.mouseClick(b["load"], Qt.MouseButton.LeftButton)
     assert "snapshots" in sig.args[0]  # used in place
     qtbot.mouseClick(b["import"], Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: "Imported as" in w.tune_status.text(), timeout=20_000)
-    assert "hard-linked" in w.tune_status.text()
-    assert any(r.name == "Qwen--Tiny-MTP" and r.status == "installed" for r in w.installed)
+    qtbot.waitUntil(lambda: "Imported as" in w.installed_panel.tune_status.text(), timeout=20_000)
+    assert "hard-linked" in w.installed_panel.tune_status.text()
+    assert any(r.name == "Qwen--Tiny-MTP" and r.status == "installed"
+               for r in w.installed_panel.installed)
 
 
 @pytest.fixture
@@ -103,4 +104,4 @@ def test_search_offline_message_and_local_list_still_there(qtbot, window, monkey
     qtbot.mouseClick(p.search_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "Search failed" in p.status.text(), timeout=20_000)
     assert "still listed" in p.status.text()
-    qtbot.waitUntil(lambda: len(w.external) == 2, timeout=20_000)
+    qtbot.waitUntil(lambda: len(w.installed_panel.external) == 2, timeout=20_000)

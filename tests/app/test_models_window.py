@@ -48,17 +48,19 @@ def _click(qtbot, button) -> None:
 
 def _wait_installed(qtbot, w, job, name: str) -> None:
     """The job finished and the UI heard of it (signals arrive after ``job.state`` changes)."""
-    qtbot.waitUntil(lambda: job.state == "done" and any(r.name == name for r in w.installed)
-                    and w.rows[(job.repo_id, job.revision, job.convert_bits)]
+    qtbot.waitUntil(lambda: job.state == "done"
+                    and any(r.name == name for r in w.installed_panel.installed)
+                    and w.downloads.rows[(job.repo_id, job.revision, job.convert_bits)]
                     .buttons["load"].isHidden() is False, timeout=20_000)
 
 
 def _checked(qtbot, w, repo: str) -> dict:
     w.tabs.setCurrentIndex(1)
-    w.repo_edit.setText(repo)
-    _click(qtbot, w.check_button)
-    qtbot.waitUntil(lambda: w.report is not None or w.check_button.isEnabled(), timeout=10_000)
-    return w.report
+    w.add_panel.repo_edit.setText(repo)
+    _click(qtbot, w.add_panel.check_button)
+    qtbot.waitUntil(lambda: w.add_panel.report is not None or w.add_panel.check_button.isEnabled(),
+                    timeout=10_000)
+    return w.add_panel.report
 
 
 def test_catalog_lists_models_with_verdicts_for_this_machine(make_window):
@@ -71,7 +73,7 @@ def test_catalog_lists_models_with_verdicts_for_this_machine(make_window):
         return t.cellWidget(rows[repo], 5).findChild(QLabel).text()
 
     def download_enabled(repo):
-        buttons = t.cellWidget(rows[repo], 6).findChildren(type(w.check_button))
+        buttons = t.cellWidget(rows[repo], 6).findChildren(type(w.add_panel.check_button))
         return next(b for b in buttons if b.text() == "Download").isEnabled()
 
     assert verdict("Qwen/Qwen3.5-0.8B") == "recommended" and download_enabled("Qwen/Qwen3.5-0.8B")
@@ -92,23 +94,24 @@ def test_check_runs_off_the_ui_thread_and_flags_missing_mtp(qtbot, fake, make_wi
     timer.timeout.connect(lambda: ticks.append(1))
     timer.start(20)
     w.tabs.setCurrentIndex(1)
-    w.repo_edit.setText("https://huggingface.co/tiny/no-mtp")
-    _click(qtbot, w.check_button)
-    assert w.check_busy.isVisible() and not w.check_button.isEnabled()
-    qtbot.waitUntil(lambda: w.report is not None, timeout=10_000)
+    w.add_panel.repo_edit.setText("https://huggingface.co/tiny/no-mtp")
+    _click(qtbot, w.add_panel.check_button)
+    assert w.add_panel.check_busy.isVisible() and not w.add_panel.check_button.isEnabled()
+    qtbot.waitUntil(lambda: w.add_panel.report is not None, timeout=10_000)
     timer.stop()
     assert len(ticks) >= 10  # the event loop kept running during the check
-    text = w.report_label.text()
+    text = w.add_panel.report_label.text()
     assert "cannot speculate" in text and "--convert --bits 4" in text
-    assert w.download_button.isEnabled()
+    assert w.add_panel.download_button.isEnabled()
     fake.api_delay_s = 0
     r = _checked(qtbot, w, "tiny/llama")
-    assert not r["supported"] and not w.download_button.isEnabled()
-    assert "not supported" in w.report_label.text()
+    assert not r["supported"] and not w.add_panel.download_button.isEnabled()
+    assert "not supported" in w.add_panel.report_label.text()
     assert _checked(qtbot, w, "tiny/gated") is None
-    assert "HF_TOKEN" in w.report_label.text() and not w.download_button.isEnabled()
+    assert "HF_TOKEN" in w.add_panel.report_label.text()
+    assert not w.add_panel.download_button.isEnabled()
     assert _checked(qtbot, w, "not a repo id") is None
-    assert "not a Hugging Face model id" in w.report_label.text()
+    assert "not a Hugging Face model id" in w.add_panel.report_label.text()
 
 
 def test_download_cancel_resume_install_and_load(qtbot, fake, repos, make_window):
@@ -116,10 +119,10 @@ def test_download_cancel_resume_install_and_load(qtbot, fake, repos, make_window
     fake.chunk_size = 16 * 1024
     fake.path_delay_s[SHARD1] = 0.02
     r = _checked(qtbot, w, "tiny/mtp")
-    assert r["can_speculate"] and w.option_combo.currentData() is None
-    _click(qtbot, w.download_button)
-    job = w.jobs[("tiny/mtp", "main", None)]
-    row = w.rows[("tiny/mtp", "main", None)]
+    assert r["can_speculate"] and w.add_panel.option_combo.currentData() is None
+    _click(qtbot, w.add_panel.download_button)
+    job = w.downloads.jobs[("tiny/mtp", "main", None)]
+    row = w.downloads.rows[("tiny/mtp", "main", None)]
     assert w.tabs.currentIndex() == 2 and w.tabs.tabText(2) == "Downloads (1)"
     qtbot.waitUntil(lambda: job.last is not None and job.last.file == SHARD1
                     and job.last.file_bytes_done > 100_000, timeout=20_000)
@@ -138,7 +141,7 @@ def test_download_cancel_resume_install_and_load(qtbot, fake, repos, make_window
     with qtbot.waitSignal(w.load_requested, timeout=2000) as sig:
         _click(qtbot, row.buttons["load"])
     assert sig.args == [str(w.store.path_for("tiny--mtp"))]
-    names = [r.name for r in w.installed]
+    names = [r.name for r in w.installed_panel.installed]
     assert "tiny--mtp" in names
 
 
@@ -147,7 +150,7 @@ def test_gated_download_explains_the_token_then_retry_works(qtbot, fake, make_wi
     """The row offers "Add token…"; the token is saved and the download retried."""
     w = make_window()
     job = w.start_download("tiny/gated")
-    row = w.rows[("tiny/gated", "main", None)]
+    row = w.downloads.rows[("tiny/gated", "main", None)]
     qtbot.waitUntil(lambda: job.state == "failed", timeout=10_000)
     assert "hf auth login" in row.status.text() and row.buttons["retry"].isVisible()
     from PySide6.QtWidgets import QInputDialog
@@ -165,7 +168,7 @@ def test_stalled_download_is_shown(qtbot, fake, make_window):
     fake.chunk_size = 200_000
     fake.path_delay_s[SHARD1] = 0.8
     job = w.start_download("tiny/mtp")
-    row = w.rows[("tiny/mtp", "main", None)]
+    row = w.downloads.rows[("tiny/mtp", "main", None)]
     qtbot.waitUntil(lambda: row.stall.isVisible(), timeout=10_000)
     assert "Stalled" in row.stall.text()
     fake.path_delay_s.clear()
@@ -178,25 +181,25 @@ def test_installed_list_load_tune_delete(qtbot, fake, make_window, monkeypatch):
     job = w.start_download("tiny/mtp")
     _wait_installed(qtbot, w, job, "tiny--mtp")
     w.tabs.setCurrentIndex(3)
-    builtin = next(r for r in w.installed if r.status == "builtin")
-    w.select_model(builtin.name)
-    assert not w.installed_buttons["delete"].isEnabled()
-    w.select_model("tiny--mtp")
+    builtin = next(r for r in w.installed_panel.installed if r.status == "builtin")
+    w.installed_panel.select_model(builtin.name)
+    assert not w.installed_panel.installed_buttons["delete"].isEnabled()
+    w.installed_panel.select_model("tiny--mtp")
     path = str(w.store.path_for("tiny--mtp"))
     with qtbot.waitSignal(w.tune_requested, timeout=2000) as sig:
-        _click(qtbot, w.installed_buttons["tune"])
-    assert sig.args == [path] and "Tuning" in w.tune_status.text()
+        _click(qtbot, w.installed_panel.installed_buttons["tune"])
+    assert sig.args == [path] and "Tuning" in w.installed_panel.tune_status.text()
     with qtbot.waitSignal(w.load_requested, timeout=2000) as sig:
-        _click(qtbot, w.installed_buttons["load"])
+        _click(qtbot, w.installed_panel.installed_buttons["load"])
     assert sig.args == [path]
     asked = []
-    monkeypatch.setattr(type(w), "_ask", lambda self, title, text: asked.append(text) or False)
-    _click(qtbot, w.installed_buttons["delete"])
+    monkeypatch.setattr(w.installed_panel, "ask", lambda title, text: asked.append(text) or False)
+    _click(qtbot, w.installed_panel.installed_buttons["delete"])
     assert Path(path).exists() and "tiny--mtp" in asked[0]
-    monkeypatch.setattr(type(w), "_ask", lambda self, title, text: True)
-    _click(qtbot, w.installed_buttons["delete"])
+    monkeypatch.setattr(w.installed_panel, "ask", lambda title, text: True)
+    _click(qtbot, w.installed_panel.installed_buttons["delete"])
     assert not Path(path).exists()
-    assert "tiny--mtp" not in [r.name for r in w.installed]
+    assert "tiny--mtp" not in [r.name for r in w.installed_panel.installed]
 
 
 def test_unfinished_download_is_resumed_when_the_window_opens(qtbot, fake, repos, make_window,
@@ -214,7 +217,7 @@ def test_unfinished_download_is_resumed_when_the_window_opens(qtbot, fake, repos
     fake.wait_idle()
     fake.reset_counts()
     w = make_window(store=store, auto_resume=True)
-    job = w.jobs[("tiny/mtp", "main", None)]
+    job = w.downloads.jobs[("tiny/mtp", "main", None)]
     _wait_installed(qtbot, w, job, "tiny--mtp")
     served = fake.served_for("tiny/mtp")
     assert served.get("config.json", 0) == 0
@@ -246,7 +249,7 @@ def test_screenshots(qtbot, fake, make_window, tmp_path):
     assert w.tabs.currentWidget() is w.catalog_panel and w.catalog_panel.isVisible()
     _shoot(w, out / "models_catalog.png")
     _checked(qtbot, w, "tiny/no-mtp")
-    assert w.report_label.isVisible() and "tiny/no-mtp" in w.report_label.text()
+    assert w.add_panel.report_label.isVisible() and "tiny/no-mtp" in w.add_panel.report_label.text()
     _shoot(w, out / "models_check.png")
     fake.chunk_size = 8 * 1024
     fake.path_delay_s[SHARD1] = 0.05
@@ -258,12 +261,13 @@ def test_screenshots(qtbot, fake, make_window, tmp_path):
     paused.cancel()
     w.start_download("tiny/gated")
     running = w.start_download("tiny/mtp")
-    qtbot.waitUntil(lambda: w.jobs[("tiny/gated", "main", None)].state == "failed",
+    qtbot.waitUntil(lambda: w.downloads.jobs[("tiny/gated", "main", None)].state == "failed",
                     timeout=10_000)
     qtbot.waitUntil(lambda: running.last is not None and running.last.file == SHARD1
                     and running.last.fraction > 0.2, timeout=20_000)
     qtbot.wait(300)
-    rows = [w.rows[(repo, "main", None)] for repo in ("tiny/no-mtp", "tiny/gated", "tiny/mtp")]
+    rows = [w.downloads.rows[(repo, "main", None)]
+            for repo in ("tiny/no-mtp", "tiny/gated", "tiny/mtp")]
     assert all(r.isVisible() for r in rows)
     assert "Paused" in rows[0].status.text() and SHARD1 in rows[2].status.text()
     _shoot(w, out / "models_downloads.png")

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.fake_engine import FakeModel, make_fake_loader
+from app.fake.engine import FakeModel, make_fake_loader
 from engine.errors import UnsupportedModelError
 from engine.resources import default_model_path
 from engine.commands.generate import json_report
@@ -121,7 +121,7 @@ def test_a_failed_load_keeps_the_previous_model_in_every_view(qtbot, tmp_path):
     assert w.banner.isVisibleTo(w) and w.banner.text() == w.model.error
     assert w.picker.info is before and w.picker.status.text() == before.name
     assert dash.info is before and before.name in dash.model_label.text()
-    assert models.loaded_path == before.path
+    assert models.installed_panel.loaded_path == before.path
     send(qtbot, w, "still there?")  # and the chat goes on with it
     reply = w.store.messages(w.current_conv)[-1]
     assert reply.meta["status"] == "done" and reply.meta["model"] == before.name

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from app.fake_engine import FakeModel
+from app.fake.engine import FakeModel
 from app.server_control import ServerControl, ServerSettings
 from tests.app.chat_fixtures import make_window
 

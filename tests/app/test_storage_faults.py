@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from app.chat import session as session_mod
-from app.fake_engine import DEFAULT_SCRIPT, FakeModel
+from app.fake.engine import DEFAULT_SCRIPT, FakeModel
 from tests.app.chat_fixtures import make_window, send
 from tests.tmpfs import fill, tmpfs
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from app.fake_engine import FakeModel
+from app.fake.engine import FakeModel
 from app.worker import GenerationRequest
 from engine.errors import GenerationError, ModelLoadError
 from engine.types import CycleStats, PrefillStats
@@ -57,7 +57,7 @@ def test_load_error_message_is_passed_verbatim(qtbot):
 
 
 def test_failed_load_reloads_the_previous_model(qtbot):
-    from app.fake_engine import make_fake_loader
+    from app.fake.engine import make_fake_loader
     from app.worker import WorkerThread
 
     good = make_fake_loader(FakeModel())

@@ -1,4 +1,4 @@
-"""``python -m app.bench_speed``: does the chat app decode as fast as the engine's CLI?
+"""``python -m app.bench.speed``: does the chat app decode as fast as the engine's CLI?
 
 Drives the real main window (offscreen unless a platform is set) over the real engine: each
 round sends the prompt through the composer and waits for the streamed reply, then runs the
@@ -29,7 +29,7 @@ GOAL = 0.9
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.bench_speed",
+    p = argparse.ArgumentParser(prog="python -m app.bench.speed",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--model", help="model folder (default: the embedded demo model)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -102,7 +102,7 @@ class AppSide:
         self.window.resize(1180, 780)
         self.window.show()
         if not _spin(lambda: self.window.model.ready, 300):
-            raise SystemExit(f"bench_speed: the app did not load {path}: "
+            raise SystemExit(f"bench.speed: the app did not load {path}: "
                              f"{self.window.model.error}")
         if args.dashboard:
             self.window.aux.show_dashboard()
@@ -116,11 +116,11 @@ class AppSide:
                            top_p=a.top_p, top_k=a.top_k, max_tokens=a.max_tokens,
                            depth=_depth(a.depth), thinking=False, system_prompt="")
         w.store.set_conversation_settings(conv, settings.to_dict())
-        w.open_conversation(conv)
+        w.chats.open_conversation(conv)
         w.composer.edit.setPlainText(a.prompt)
         _run_until(w.session.stream_finished, w.composer.button.click, 600)
         if w.session.streams:
-            raise SystemExit("bench_speed: the app's reply did not finish")
+            raise SystemExit("bench.speed: the app's reply did not finish")
         stats = w.store.messages(conv)[-1].meta.get("stats") or {}
         w.store.erase_conversation(conv)
         return float(stats.get("tokens_per_s", 0.0)), int(stats.get("tokens", 0))
@@ -239,7 +239,7 @@ def _report(args, path: str, figs: dict[str, Figures]) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"bench_speed: {path}, {args.rounds} rounds, max {args.max_tokens} tokens, depth "
+    print(f"bench.speed: {path}, {args.rounds} rounds, max {args.max_tokens} tokens, depth "
           f"{args.depth}, temperature {args.temperature}, top-p {args.top_p}, top-k "
           f"{args.top_k}, seed {args.seed}{', dashboard open' if args.dashboard else ''} (load average {result['load_average']} on {result['cpus']} CPUs)")
     for k, v in figs.items():

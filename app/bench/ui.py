@@ -1,4 +1,4 @@
-"""``python -m app.bench_ui``: does the chat window stay responsive while a long reply streams?
+"""``python -m app.bench.ui``: does the chat window stay responsive while a long reply streams?
 
 Runs the real main window (offscreen unless a platform is set) over the scripted fake engine
 emitting ``--tps`` tokens/s (default 500) for ``--tokens`` tokens (default 4,000: Markdown
@@ -22,7 +22,7 @@ PROBE_MS = 10
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.bench_ui", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.bench.ui", description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=4000)
     p.add_argument("--tps", type=float, default=500.0, help="fake engine speed, tokens/s")
     p.add_argument("--runs", type=int, default=2, help="replies to stream (memory growth)")
@@ -80,7 +80,7 @@ class _Probe:
 
 class _Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from app.fake_engine import FakeModel, make_fake_loader
+        from app.fake.engine import FakeModel, make_fake_loader
         from app.chat.main_window import MainWindow
 
         self.args = args
@@ -90,21 +90,21 @@ class _Bench:
         self.window.resize(1180, 780)
         self.window.show()
         self.update_s: list[float] = []
-        original = self.window.on_stream_updated
+        original = self.window.sending.on_stream_updated
 
         def timed_update(conv_id: int, msg_id: int) -> None:
             t = time.perf_counter()
             original(conv_id, msg_id)
             self.update_s.append(time.perf_counter() - t)
 
-        self.window.session.stream_updated.disconnect(self.window.on_stream_updated)
+        self.window.session.stream_updated.disconnect(self.window.sending.on_stream_updated)
         self.window.session.stream_updated.connect(timed_update)
 
     def run_once(self, run: int) -> dict:
         w, args = self.window, self.args
         probe = _Probe()
         self.update_s.clear()
-        w.new_chat()
+        w.chats.new_chat()
         settings = w.session.settings_for(w.current_conv).to_dict()
         settings["max_tokens"] = args.tokens
         w.store.set_conversation_settings(w.current_conv, settings)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = _Bench(args)
     _spin_until(lambda: bench.window.model.info is not None, 30)
     if bench.window.model.info is None:
-        print("bench_ui: the fake model did not load", file=sys.stderr)
+        print("bench.ui: the fake model did not load", file=sys.stderr)
         return 1
     idle = _Probe()  # the same probe with nothing streaming: this machine's own noise
     idle.start()
@@ -183,7 +183,7 @@ def _report(result: dict, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    print(f"bench_ui: fake engine, {result['tokens']} tokens at {result['tps']:.0f} tok/s "
+    print(f"bench.ui: fake engine, {result['tokens']} tokens at {result['tps']:.0f} tok/s "
           f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     print(f"  idle event loop (no stream, 2 s): lateness p99 {result['idle_latency_p99_ms']} ms, "
           f"worst {result['idle_latency_worst_ms']} ms")

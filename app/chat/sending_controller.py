@@ -1,30 +1,44 @@
-"""The chat window's sending actions (a mixin of ``MainWindow``): send, edit and regenerate
-(as branches), stop, and what the window shows while replies stream."""
+"""The chat window's sending actions: send, edit and regenerate (as branches), stop, and what
+the window shows while replies stream.
+
+``SendingController(conversations, session, model, chats=, view=, composer=, dialogs=, status=)``
+uses only what it is given (``chats``: the ``ConversationController``, to show the open
+conversation again and refresh the list; ``app.chat.controller.ChatController`` keeps what the
+two share).
+"""
 from __future__ import annotations
 
-from PySide6.QtCore import Slot
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtCore import QObject, Slot
+from PySide6.QtWidgets import QStatusBar
 
 from app.chat.attachments import estimate_tokens, with_attachments
+from app.chat.composer import Composer
 from app.chat.context import context_budget, plan_fit
+from app.chat.controller import ChatController
+from app.chat.conversation_controller import ConversationController
+from app.chat.conversation_view import ConversationView
+from app.chat.conversations import Conversations
+from app.chat.dialogs import Dialogs
 from app.chat.markdown import strip_think
+from app.chat.session import ChatSession
+from app.loaded_model import LoadedModel
 
 
-class SendingActions:
-    """Needs the window's ``conversations``, ``session``, ``model``, ``view``, ``composer``
-    and ``statusBar()``."""
+class SendingController(ChatController):
+    def __init__(self, conversations: Conversations, session: ChatSession, model: LoadedModel, *,
+                 chats: ConversationController, view: ConversationView, composer: Composer,
+                 dialogs: Dialogs, status: QStatusBar, parent: QObject | None = None) -> None:
+        super().__init__(conversations, session, view=view, composer=composer, dialogs=dialogs,
+                         status=status, parent=parent)
+        self.model = model
+        self.chats = chats
 
     # -- sending, editing, stopping ----------------------------------------------------------
-    def confirm(self, title: str, text: str) -> bool:
-        """Ask yes/no (tests replace this)."""
-        answer = QMessageBox.question(self, title, text)
-        return answer == QMessageBox.StandardButton.Yes
-
     @Slot(str)
-    def on_send(self, text: str) -> None:
+    def send(self, text: str) -> None:
         """Send (or, while editing, send a new version of the message: the old one stays as
         a branch), after making sure the conversation fits the model's context."""
-        conv = self.current_conv
+        conv = self.current
         if conv is None or not self.session.can_reply():
             return
         editing = self.composer.editing_msg_id
@@ -51,12 +65,12 @@ class SendingActions:
         if fit.fits:
             return True
         if fit.cut is None:
-            self.show_error("Message too long", (
+            self.dialogs.show_error("Message too long", (
                 f"This message{' and its attachments' if files else ''} (about {fit.need:,} "
                 f"tokens with the system prompt) does not fit the model's context of "
                 f"{budget:,} tokens left for the prompt. Shorten it or attach less."))
             return False
-        if not self.confirm("The conversation no longer fits", (
+        if not self.dialogs.confirm("The conversation no longer fits", (
                 f"This conversation is now about {fit.need:,} tokens; the model's context "
                 f"leaves {budget:,} for the prompt. Leave the oldest {fit.dropped} message(s) "
                 "out of the prompt? They stay in the chat; the system prompt is kept.")):
@@ -90,20 +104,20 @@ class SendingActions:
 
     def regenerate(self, msg_id: int) -> None:
         """A new version of the reply; the old one stays, one click away ("‹ 1/2 ›")."""
-        if self.current_conv is not None and self.session.can_reply():
-            self.session.regenerate(self.current_conv, msg_id)
+        if self.current is not None and self.session.can_reply():
+            self.session.regenerate(self.current, msg_id)
 
     @Slot(int, int)
     def switch_branch(self, msg_id: int, step: int) -> None:
         """Show another version of ``msg_id`` and the conversation that followed it."""
-        if self.current_conv is None or self.session.busy:
+        if self.current is None or self.session.busy:
             return
-        if self.conversations.switch_branch(self.current_conv, msg_id, step) is not None:
-            self._reload_view()
+        if self.conversations.switch_branch(self.current, msg_id, step) is not None:
+            self.chats.reload_view()
 
     def stop(self) -> None:
         self.session.stop()
-        for msg_id, (content, meta) in self.session.live_messages(self.current_conv).items():
+        for msg_id, (content, meta) in self.session.live_messages(self.current).items():
             self.view.update_message(msg_id, content, meta, final=False)
 
     def on_escape(self) -> None:
@@ -112,9 +126,10 @@ class SendingActions:
         elif self.composer.editing_msg_id is not None:
             self.composer.cancel_edit()
 
+    # -- what streams ---------------------------------------------------------------------------
     @Slot(int, int)
     def on_stream_updated(self, conv_id: int, msg_id: int) -> None:
-        if self._closed or conv_id != self.current_conv:  # (queued signals after shutdown)
+        if self.closed or conv_id != self.current:  # (queued signals after shutdown)
             return
         st = self.session.stream_for_message(msg_id)
         if st is not None:
@@ -122,32 +137,33 @@ class SendingActions:
 
     @Slot(int, int, str)
     def on_stream_finished(self, conv_id: int, msg_id: int, status: str) -> None:
-        if self._closed:  # queued signals can arrive after shutdown
+        if self.closed:  # queued signals can arrive after shutdown
             return
         msg = self.conversations.message(msg_id)
         # A reply the disk had no room for is still in memory: show that, not the stale row.
         content, meta = self.session.live_messages(conv_id).get(
             msg_id, (msg.content, msg.meta) if msg is not None else (None, {}))
-        if conv_id == self.current_conv and content is not None:
+        if conv_id == self.current and content is not None:
             self.view.update_message(msg_id, content, meta, final=True)
         if status == "error":
             error = meta.get("error", "")
-            self.statusBar().showMessage(f"The reply failed: {error}", 10000)
-        self.refresh_sidebar()
+            self.status.showMessage(f"The reply failed: {error}", 10000)
+        self.chats.refresh_sidebar()
 
     @Slot(int)
     def on_messages_changed(self, conv_id: int) -> None:
-        if conv_id == self.current_conv:
-            self._reload_view()
+        if conv_id == self.current:
+            self.chats.reload_view()
 
     @Slot(bool)
     def on_busy_changed(self, _busy: bool) -> None:
-        self._sync_composer()
+        self.sync_composer()
         self.view.update_actions(busy=self.session.busy)
 
-    def _sync_composer(self) -> None:
+    def sync_composer(self) -> None:
+        """The composer's button and hint follow the model and the streaming reply."""
         active = self.session.active_stream()
-        here = active is not None and active.conv_id == self.current_conv
+        here = active is not None and active.conv_id == self.current
         hint = ""
         if self.model.loading_path is not None:
             hint = "Loading the model…"
@@ -159,11 +175,10 @@ class SendingActions:
         self.composer.set_state(busy=here, can_send=self.model.ready and active is None,
                                 hint=hint)
 
-
     @Slot()
     def on_attachments_changed(self) -> None:
         """Warn, before sending, when the attached files would overflow the context."""
-        conv = self.current_conv
+        conv = self.current
         files = self.composer.attachments
         budget = (context_budget(self.model.info, self.conversations.settings_for(conv))
                   if conv is not None else None)

@@ -1,13 +1,18 @@
 """A scripted stand-in for ``engine.Model``: same interface, no weights, deterministic output.
 
-Used by the app's tests, by ``python -m app.bench_ui`` and by the self-test when
-``MTPCHAT_SELFTEST_FAKE=1``. It implements what the worker relies on:
+Used by the app's tests, by ``python -m app.bench.ui`` and by the self-test when
+``MTPCHAT_SELFTEST_FAKE=1``. It implements what the worker and the engine's scheduler rely on:
 
 - ``FakeModel.info`` (an ``engine.types.ModelInfo``), ``chat_ids(messages, enable_thinking=...)``
-  (no tokenizer: one id per character of a rendered transcript), and
-  ``generate(prompt_ids, *, max_tokens, depth, sampling, seed, cancel, stop_strings)`` yielding
-  ``engine.types.Event`` objects with ``PrefillStats`` first, ``CycleStats`` per cycle and a
-  ``finish_reason`` on the last one.
+  (no tokenizer: one id per character of a rendered transcript);
+- ``decoder(max_streams=N)``: a ``ScriptedDecoder`` (``app.fake.decoder``: the protocol of
+  ``engine.decoding.decoder.BatchDecoder``) through which the scheduler runs every request, one
+  stream or many: each stream's events are ``PrefillStats`` first, then a ``CycleStats`` per
+  cycle and a ``finish_reason`` on the last one; one ``cycle_step`` advances every stream and
+  sleeps once, for its longest row (a batched cycle costs about one cycle), so N concurrent
+  replies take about as long as one;
+- ``generate(prompt_ids, *, max_tokens, depth, sampling, seed, cancel, stop_strings)``: the same
+  events for one request, through a one-stream decoder.
 - The reply is a script (Markdown with a code block, optionally a ``<think>`` section) cut into
   "tokens" of a few characters, emitted at ``tokens_per_second``; each cycle emits between one
   and ``depth + 1`` tokens, the first ones flagged as accepted drafts.
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ModelLoadError
+from app.fake.decoder import ScriptedDecoder, ScriptedStream, StreamRequest
 from engine.types import CycleStats, Event, ModelInfo, PrefillStats, SamplingParams
 
 DEFAULT_SCRIPT = """Here is a short answer with **Markdown** and a code block.
@@ -105,25 +111,58 @@ class FakeModel:
             toks = toks[: self.repeat_to]
         return toks[:max_tokens]
 
+    def decoder(self, *, max_streams: int, state: object = None,
+                carryover: object = None) -> ScriptedDecoder:
+        """The decoder the engine's scheduler runs requests through (the engine-owned decode
+        state, ``state`` or ``carryover``, is ignored: the script decides the depth)."""
+        return ScriptedDecoder(self._start, max_streams=max_streams, pace=self._pace)
+
     def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
                  sampling: SamplingParams | None = None, seed: int | None = None,
                  cancel: threading.Event | None = None,
-                 stop_strings: tuple[str, ...] | list[str] = ()) -> Iterator[Event]:
-        self.calls.append({"prompt_ids": list(prompt_ids), "max_tokens": max_tokens,
-                           "depth": depth, "sampling": sampling, "seed": seed})
-        toks = self._reply_tokens(max_tokens)
-        rng = random.Random(seed if seed is not None else 1234)
-        k = self.info.max_depth if depth == "auto" else int(depth)
+                 stop_strings: tuple[str, ...] | list[str] = (),
+                 constraint: object = None) -> Iterator[Event]:
+        """One request's events, through a one-stream ``decoder``."""
+        dec = self.decoder(max_streams=1)
+        dec.add(prompt_ids, max_tokens=max_tokens, depth=depth, sampling=sampling, seed=seed,
+                cancel=cancel, stop_strings=tuple(stop_strings), constraint=constraint)
+        while dec.busy:
+            for part in (dec.admit_step, dec.cycle_step):  # the first event before the cycle
+                for _stream, ev in part():
+                    yield ev
+
+    def _start(self, req: StreamRequest) -> Iterator[Event]:
+        """A stream's events (``ScriptedDecoder``'s ``start``): recorded in ``calls`` now,
+        the reply cut from the script as it stands now."""
+        self.calls.append({"prompt_ids": list(req.prompt_ids), "max_tokens": req.max_tokens,
+                           "depth": req.depth, "sampling": req.sampling, "seed": req.seed})
+        toks = self._reply_tokens(req.max_tokens)
+        rng = random.Random(req.seed if req.seed is not None else 1234)
+        k = self.info.max_depth if req.depth == "auto" else int(req.depth)
+        return self._stream(req, toks, k, rng)
+
+    def _stream(self, req: StreamRequest, toks: list[str], k: int,
+                rng: random.Random) -> Iterator[Event]:
         if self.prefill_seconds:
             time.sleep(self.prefill_seconds)
-        yield Event(token_ids=(), prefill=PrefillStats(len(prompt_ids), 0, self.prefill_seconds))
-        yield from self._cycles(toks, k, rng, cancel, len(prompt_ids), max_tokens)
+        n = len(req.prompt_ids)
+        yield Event(token_ids=(), prefill=PrefillStats(n, 0, self.prefill_seconds))
+        yield from self._cycles(toks, k, rng, req.cancel, n, req.max_tokens)
+
+    def _per_token(self) -> float:
+        return 1.0 / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
+
+    def _pace(self, events: list[tuple[ScriptedStream, Event]]) -> None:
+        """A cycle's time: its longest row's tokens at ``tokens_per_second``."""
+        longest = max((len(ev.token_ids) for _st, ev in events), default=0)
+        if longest and self._per_token():
+            time.sleep(self._per_token() * longest)
 
     def _cycles(self, toks: list[str], k: int, rng: random.Random,
                 cancel: threading.Event | None, ctx: int, max_tokens: int) -> Iterator[Event]:
+        """The cycles of one reply (their time is spent by ``_pace``, once per batched cycle)."""
         pos = 0
         index = 0
-        per_token = 1.0 / self.tokens_per_second if self.tokens_per_second > 0 else 0.0
         while pos < len(toks):
             if cancel is not None and cancel.is_set():
                 yield Event(token_ids=(), finish_reason="cancelled")
@@ -134,9 +173,6 @@ class FakeModel:
             n = min(accepted + 1, len(toks) - pos)
             if self.fail_after is not None and pos + n > self.fail_after:
                 raise self.error or RuntimeError("fake engine failure")
-            t0 = time.perf_counter()
-            if per_token:
-                time.sleep(per_token * n)
             chunk = toks[pos:pos + n]
             ids = tuple(100 + pos + i for i in range(n))
             flags = tuple(i < accepted for i in range(n))
@@ -145,7 +181,7 @@ class FakeModel:
                 index=index, depth=k, drafted=tuple(range(k)), accepted=min(accepted, n),
                 emitted=ids, from_draft=flags,
                 extra_kind="plain" if k == 0 else ("bonus" if accepted == k else "correction"),
-                t_total=time.perf_counter() - t0, context_tokens=ctx + pos)
+                t_total=self._per_token() * n, context_tokens=ctx + pos)
             index += 1
             last = pos >= len(toks)
             reason = None

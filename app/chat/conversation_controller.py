@@ -1,50 +1,67 @@
-"""The chat window's conversation actions (a mixin of ``MainWindow``): open, list, search,
-rename, delete with undo, export, copy. Plain logic stays in ``Conversations``; this shows it."""
+"""The chat window's conversation actions: open, list, search, rename, delete with undo, export,
+copy. Plain logic stays in ``Conversations``; this shows it in the sidebar and the view.
+
+``ConversationController(conversations, session, sidebar=, view=, composer=, dialogs=, status=)``
+uses only what it is given (``app.chat.controller.ChatController`` keeps what it shares with
+the sending controller). ``opened(int conv_id)`` is emitted while a conversation opens, once
+its messages are shown (the window brings the chat settings and the composer along).
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QStandardPaths, Qt, Slot
+from PySide6.QtCore import QObject, QStandardPaths, Signal, Slot
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+from PySide6.QtWidgets import QStatusBar
 
+from app.chat.composer import Composer
+from app.chat.controller import ChatController
+from app.chat.conversation_view import ConversationView
+from app.chat.conversations import Conversations
+from app.chat.dialogs import Dialogs
 from app.chat.markdown import PREVIEW_CHARS
+from app.chat.session import ChatSession
+from app.chat.sidebar import Sidebar
 
 
-class ConversationActions:
-    """Needs the window's ``conversations``, ``session``, ``sidebar``, ``view``, ``composer``,
-    ``settings_panel`` and ``statusBar()``."""
+class ConversationController(ChatController):
+    opened = Signal(int)
 
+    def __init__(self, conversations: Conversations, session: ChatSession, *, sidebar: Sidebar,
+                 view: ConversationView, composer: Composer, dialogs: Dialogs,
+                 status: QStatusBar, parent: QObject | None = None) -> None:
+        super().__init__(conversations, session, view=view, composer=composer, dialogs=dialogs,
+                         status=status, parent=parent)
+        self.sidebar = sidebar
+        self.search_matches: dict[int, tuple[int, str]] = {}
 
     @Slot()
     def refresh_sidebar(self) -> None:
-        if self._closed:  # a late search or timer signal after the database was closed
+        if self.closed:  # a late search or timer signal after the database was closed
             return
         text = self.sidebar.search.text()
         convs = self.conversations.listing(text)
         self.search_matches = self.conversations.search_matches(text)
         self.sidebar.set_conversations(
-            convs, self.current_conv, streaming=self.session.streaming_conversations(),
+            convs, self.current, streaming=self.session.streaming_conversations(),
             snippets={c: snip for c, (_m, snip) in self.search_matches.items()})
 
     @Slot(int)
     def open_conversation(self, conv_id: int) -> None:
-        if conv_id != self.current_conv:
+        if conv_id != self.current:
             self.composer.cancel_edit()
         self.conversations.current = conv_id
-        self._reload_view()
-        self.settings_panel.form.set_settings(self.conversations.settings_for(conv_id))
-        self.settings_panel.sync_preset()
-        self.sync_thinking()
+        self.reload_view()
+        self.opened.emit(conv_id)
         self.composer.set_attachments([])
         self.refresh_sidebar()
-        self._sync_composer()
         match = self.search_matches.get(conv_id)
         if match is not None:
             self.view.show_match(match[0])
 
-    def _reload_view(self) -> None:
-        conv = self.current_conv
+    def reload_view(self) -> None:
+        """Show the open conversation again (its branch, live replies, attachments)."""
+        conv = self.current
         if conv is None:
             self.view.show_conversation(None, [])
             return
@@ -55,7 +72,7 @@ class ConversationActions:
         self.view.update_actions(busy=self.session.busy)
 
     def new_chat(self) -> None:
-        if not self.conversations.is_empty(self.current_conv):
+        if not self.conversations.is_empty(self.current):
             self.open_conversation(self.session.new_conversation())
         self.composer.edit.setFocus()
 
@@ -63,8 +80,8 @@ class ConversationActions:
         conv = self.conversations.get(conv_id)
         if conv is None:
             return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=conv.title)
-        if ok and title.strip():
+        title = self.dialogs.ask_text("Rename chat", "Title:", conv.title)
+        if title is not None and title.strip():
             self.rename_conversation(conv_id, title.strip())
 
     def rename_conversation(self, conv_id: int, title: str) -> None:
@@ -78,7 +95,7 @@ class ConversationActions:
         if conv is None:
             return
         self.sidebar.show_undo(conv.title)
-        if self.current_conv is None:
+        if self.current is None:
             self.open_conversation(self.conversations.next_after_delete())
         else:
             self.refresh_sidebar()
@@ -99,8 +116,8 @@ class ConversationActions:
 
     def ask_export(self, conv_id: int, fmt: str) -> None:
         name = str(self.export_folder() / self.conversations.export_name(conv_id, fmt))
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, "Markdown (*.md)"
-                                              if fmt == "md" else "JSON (*.json)")
+        path = self.dialogs.ask_save_path("Export chat", name, "Markdown (*.md)"
+                                          if fmt == "md" else "JSON (*.json)")
         if path:
             self.export_conversation(conv_id, fmt, path)
 
@@ -111,32 +128,24 @@ class ConversationActions:
             out = self.conversations.export(conv_id, fmt, path)
         except OSError as exc:
             why = exc.strerror or str(exc)
-            self.show_error("Export failed", f"The chat could not be exported to {path}: {why}.")
+            self.dialogs.show_error("Export failed",
+                                    f"The chat could not be exported to {path}: {why}.")
             return None
         self.conversations.store.set_setting("export_folder", str(out.resolve().parent))
-        self.statusBar().showMessage(f"Exported to {out}", 5000)
+        self.status.showMessage(f"Exported to {out}", 5000)
         return out
 
-    def show_error(self, title: str, text: str) -> QMessageBox:
-        """A non-blocking warning dialog (``objectName`` "errorDialog"; tests find it)."""
-        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
-        box.setObjectName("errorDialog")
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.open()
-        return box
-
-    def _export_current(self, fmt: str) -> None:
-        if self.current_conv is not None:
-            self.ask_export(self.current_conv, fmt)
+    def export_current(self, fmt: str) -> None:
+        if self.current is not None:
+            self.ask_export(self.current, fmt)
 
     def copy_chat(self) -> None:
         """The whole open chat, as Markdown, to the clipboard."""
-        if self.conversations.get(self.current_conv) is None:
+        if self.conversations.get(self.current) is None:
             return
-        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current_conv, "md"))
-        self.statusBar().showMessage("Chat copied as Markdown", 3000)
+        QGuiApplication.clipboard().setText(self.conversations.export_text(self.current, "md"))
+        self.status.showMessage("Chat copied as Markdown", 3000)
 
     def focus_search(self) -> None:
         self.sidebar.search.setFocus()
         self.sidebar.search.selectAll()
-
