@@ -71,7 +71,7 @@ def engine_batch(model, prompts: list[list[int]], max_tokens: int, params: Sampl
                        drafter=None if replays is None else ReplayDrafter(replays[i]))
                for i, p in enumerate(prompts)]
     out = {s.id: [] for s in streams}
-    while dec.waiting or dec.joining:  # every prompt prefilled, every first token out
+    while dec.waiting or dec.admission.joining:  # every prompt prefilled, every first token out
         for st, ev in dec.admit_step():
             out[st.id].extend(ev.token_ids)
     t0, n, full = time.perf_counter(), 0, {}
@@ -192,7 +192,7 @@ def join_ttft(model, *, busy: int, depth, texts: list[str], params: SamplingPara
         dec, stop = BatchDecoder(model, max_streams=busy + 1), threading.Event()
         for p in _prompts(model, texts, busy):
             dec.add(p, max_tokens=10_000, depth=depth, sampling=params, seed=r, cancel=stop)
-        while dec.waiting or dec.joining:
+        while dec.waiting or dec.admission.joining:
             dec.step()
         cycles = [ev.stats.t_total for _ in range(4) for st, ev in dec.step() if ev.stats]
         joiner = dec.add(long, max_tokens=4, depth=depth, sampling=params, seed=r)

@@ -21,7 +21,10 @@ plain decoding the result says so plainly and nothing is saved. A saved result g
 seed ``engine.adaptive.AdaptiveDepth(initial=...)``.
 
 Needs only ``model.chat_ids`` and ``model.generate`` (and ``model.info`` when present), so
-tests drive it with a scripted fake model and a fake clock.
+tests drive it with a scripted fake model and a fake clock. On a real model ``generate`` is
+a batch of one through the one decoder (``engine.decoding.decoder.BatchDecoder``), the same
+cycles the app's chat and the server run, so the depth it saves was measured on the
+product's path.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import pytest
 
 from engine.adaptive import AdaptiveDepth
 from engine.types import CycleStats
+from engine.core.carryover import carryover_of
 
 HIGH = (0.92, 0.85, 0.8, 0.7)  # conditional acceptance by position
 LOW = (0.25, 0.2, 0.2, 0.2)
@@ -279,17 +280,20 @@ def test_carry_over_keeps_one_controller_per_owner():
     assert "tok/s" in seeded.estimates_line()
 
 
-def test_model_declares_its_depth_controller_and_prompt_cache(tiny_model):
-    """The model owns both as fields; a reply at depth "auto" keeps its controller there."""
+def test_the_carryover_holds_the_depth_controller_and_prompt_cache(tiny_model):
+    """The engine core's carryover owns both (the model holds neither); a reply at depth
+    "auto" keeps its controller there, for the next reply."""
     from engine.session import PromptCache
 
-    assert isinstance(tiny_model.prompt_cache, PromptCache)
+    carry = carryover_of(tiny_model)
+    assert isinstance(carry.prompt_cache, PromptCache)
     list(tiny_model.generate([5, 6, 7], max_tokens=6, depth="auto"))
-    ctrl = tiny_model.depth_controller
+    ctrl = carry.controllers[1]
     assert isinstance(ctrl, AdaptiveDepth)
     list(tiny_model.generate([5, 6, 7], max_tokens=6, depth="auto"))
-    assert tiny_model.depth_controller is ctrl
-    assert not hasattr(tiny_model, "_adaptive_depth")
+    assert carry.controllers[1] is ctrl
+    for name in ("prompt_cache", "disk_cache", "depth_controller", "batch_controllers"):
+        assert not hasattr(tiny_model, name)
 
 
 def test_costs_stay_positive_when_the_line_would_cross_zero():

@@ -1,4 +1,4 @@
-"""Batched multi-stream MTP decoding (``engine.batching``): every stream exactly as alone.
+"""Batched multi-stream MTP decoding (``engine.decoding``): every stream exactly as alone.
 
 Greedy streams at mixed depths equal their single-stream output (streams that finish early,
 join late or are cancelled included) on tiny dense and MoE models of the real layout and on
@@ -20,10 +20,11 @@ import pytest
 
 import engine
 from engine import SamplingParams
-from engine.batching import BatchDecoder
+from engine.decoding.decoder import BatchDecoder
 from engine.drafters import ReplayDrafter
 from engine.errors import GenerationError
 from engine.session import Session
+from engine.core.carryover import carryover_of
 from tests.engine.test_decode import draft_one, prompts
 from tests.tinymodels import build_tiny_model
 
@@ -50,7 +51,7 @@ def same_weights(model, **info) -> engine.Model:
 
 
 def alone(model, prompt, *, depth, max_tokens, **kw) -> list[int]:
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     out = []
     for ev in model.generate(prompt, max_tokens=max_tokens, depth=depth, **kw):
         out.extend(ev.token_ids)
@@ -94,7 +95,7 @@ def test_greedy_batch_equals_each_stream_alone(which, tiny_model, moe_model, dem
     model = {"dense": tiny_model, "moe": moe_model, "demo": demo_model}[which]
     ps = _demo_prompts(model, 8) if which == "demo" else prompts(8, seed=31)
     refs = [alone(model, p, depth=d, max_tokens=n) for p, d, n in zip(ps, DEPTHS, BUDGETS)]
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     dec = BatchDecoder(model, max_streams=8)
     streams = [dec.add(p, depth=d, max_tokens=n) for p, d, n in zip(ps, DEPTHS, BUDGETS)]
     got = batched(dec, streams)
@@ -108,7 +109,7 @@ def test_streams_join_late_and_cancel_mid_batch(tiny_model):
     after a few cycles: the others are undisturbed, the cancelled one ends 'cancelled'."""
     ps = prompts(8, seed=32)
     refs = [alone(tiny_model, p, depth=d, max_tokens=37) for p, d in zip(ps, DEPTHS)]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=3)
     cancel = threading.Event()
     streams = [dec.add(ps[0], depth=DEPTHS[0], max_tokens=37),
@@ -143,7 +144,7 @@ def test_seeded_sampling_is_identical_batched_and_alone(tiny_model):
     depths = [0, 1, 2, 3, 2, 0]
     refs = [alone(tiny_model, p, depth=d, max_tokens=30, sampling=params, seed=100 + i)
             for i, (p, d) in enumerate(zip(ps, depths))]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=6)
     streams = [dec.add(p, depth=d, max_tokens=30, sampling=params, seed=100 + i)
                for i, (p, d) in enumerate(zip(ps, depths))]
@@ -156,7 +157,7 @@ def test_seeded_sampling_is_identical_batched_and_alone(tiny_model):
 def test_rows_drawing_together_give_each_stream_its_own_tokens(tiny_model, monkeypatch,
                                                               force_redo):
     """Rows that share parameters and depth draft and accept in one call per step
-    (``engine.batching._Group``), next to rows that cannot (penalties, another depth or
+    (``engine.decoding.plan.Group``), next to rows that cannot (penalties, another depth or
     temperature): every seeded stream still gets exactly its tokens alone. With
     ``force_redo`` every group row is judged inexact and redone densely with its key."""
     from engine import candidates
@@ -182,7 +183,7 @@ def test_rows_drawing_together_give_each_stream_its_own_tokens(tiny_model, monke
     real_rows = candidates.compiled_draft_rows
     monkeypatch.setattr(candidates, "compiled_draft_rows",
                         lambda *a: calls.append(a) or real_rows(*a))
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=8)
     streams = [dec.add(p, depth=d, max_tokens=24, sampling=sp, seed=300 + i)
                for i, (p, d, sp) in enumerate(zip(ps, depths, params))]
@@ -208,7 +209,7 @@ def test_batched_depth2_sampling_follows_plain_distribution():
     counts = np.zeros(V * V)
     n_batches = 150
     for i in range(n_batches):
-        model.reset_prompt_cache()
+        carryover_of(model).reset_prompt_cache()
         dec = BatchDecoder(model, max_streams=10)
         rows = [dec.add(PROMPT, depth=2, max_tokens=4, sampling=params, seed=10_000 + 8 * i + j)
                 for j in range(8)]
@@ -225,7 +226,7 @@ def test_every_row_matches_a_fresh_decode_after_each_commit(tiny_model):
     """Rollback per row: after every batched cycle, each row's next-step logits and its MTP
     head's next draft equal a fresh single-stream decode over the row's committed tokens."""
     ps = prompts(4, seed=34)
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=4)
     for p, d in zip(ps, [1, 3, 2, "auto"]):
         dec.add(p, depth=d, max_tokens=24)
@@ -266,12 +267,12 @@ def test_memory_is_flat_across_many_joins_and_leaves(tiny_model):
     for i in range(1000):
         dec.add(ps[i % 16], depth=(0, 1, 2, "auto")[i % 4], max_tokens=2)
         if len(dec.waiting) >= 4:
-            while dec.waiting or dec.joining:
+            while dec.waiting or dec.admission.joining:
                 dec.step()
         if i in (100, 999):
             while dec.busy:
                 dec.step()
-            m.reset_prompt_cache()
+            carryover_of(m).reset_prompt_cache()
             mx.clear_cache()
             marks.append(mx.get_active_memory())
     assert marks[1] - marks[0] < 256 * 1024, marks
@@ -296,7 +297,7 @@ def test_replay_drafters_batch_without_the_head(tiny_model):
     """A batch of replay drafters (the bench's ceiling) needs no MTP head and is exact."""
     ps = prompts(4, seed=36)
     refs = [alone(tiny_model, p, depth=0, max_tokens=30) for p in ps]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=4, use_mtp=False)
     streams = [dec.add(p, depth=d, max_tokens=30, drafter=ReplayDrafter(r))
                for p, d, r in zip(ps, [1, 2, 4, 6], refs)]
@@ -311,13 +312,13 @@ def test_concurrent_conversations_each_reuse_their_prompt_cache(tiny_model):
     plus a new message) decoded together again: every stream resumes from its own cached
     state (reused prompt tokens), and the output is what a fresh decode gives."""
     ps = prompts(4, seed=37)
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=4)
     first = [dec.add(p, depth=d, max_tokens=12) for p, d in zip(ps, [1, 2, 0, 3])]
     got = batched(dec, first)
     follow = [p + got[s.id] + [5, 6, 7] for p, s in zip(ps, first)]
     refs = [alone(tiny_model, f, depth=2, max_tokens=10) for f in follow]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=4)
     batched(dec, [dec.add(p, depth=d, max_tokens=12) for p, d in zip(ps, [1, 2, 0, 3])])
     second = [dec.add(f, depth=2, max_tokens=10) for f in follow]
@@ -360,7 +361,7 @@ def test_structured_streams_speculate_in_a_batch_as_alone(demo_model, params):
     refs = [alone(demo_model, p, depth=d, max_tokens=64, sampling=params, seed=50 + i,
                   constraint=constraint() if s else None)
             for i, (p, d, s) in enumerate(zip(ps, depths, structured))]
-    demo_model.reset_prompt_cache()
+    carryover_of(demo_model).reset_prompt_cache()
     dec = BatchDecoder(demo_model, max_streams=4)
     streams = [dec.add(p, depth=d, max_tokens=64, sampling=params, seed=50 + i,
                        constraint=constraint() if s else None)
@@ -385,30 +386,30 @@ def test_structured_streams_speculate_in_a_batch_as_alone(demo_model, params):
 @pytest.mark.parametrize("mode", ["greedy", "sampled", "tied"])
 def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
     """A batch whose rows all decode plainly queues each step before reading the one before
-    (``BatchDecoder._plain_cycle``). Streams finishing early, joining from a queue, joining
+    (``engine.decoding.plain``). Streams finishing early, joining from a queue, joining
     late and cancelled mid-batch each still get exactly their tokens alone; with ``tied``
     about every third compact draw is judged tied and redrawn densely (the queued step is rewound and
     re-queued with the same keys). Without a head (``use_mtp=False``) the state each stream
     leaves behind is its reply's, so its next turn resumes from it: it must equal a fresh
     decode, which it does not if the state kept included the step queued after it."""
-    from engine import decode
+    from engine.decoding import draw
 
     params = SamplingParams() if mode == "greedy" else \
         SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
     if mode == "tied":
-        real = decode._pick
+        real = draw.pick
 
         def tied(logits, params, counts, key, *, dense=False):  # about every third draw
             y, exact = real(logits, params, counts, key, dense=dense)  # (by its key: the same
             if exact is None or int(mx.sum(key).item()) % 3:          # draws alone)
                 return y, exact
             return y, mx.zeros_like(exact)
-        monkeypatch.setattr(decode, "_pick", tied)
+        monkeypatch.setattr(draw, "pick", tied)
     ps = prompts(6, seed=38)
     budgets = [30, 7, 30, 18, 30, 25]
     refs = [alone(tiny_model, p, depth=0, max_tokens=n, sampling=params, seed=400 + i)
             for i, (p, n) in enumerate(zip(ps, budgets))]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=3, use_mtp=False)
     cancel = threading.Event()
     streams = [dec.add(p, depth=0, max_tokens=n, sampling=params, seed=400 + i,
@@ -424,7 +425,7 @@ def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
         for st, ev in dec.step():
             got[st.id].extend(ev.token_ids)
             ends[st.id] = ev.finish_reason or ends.get(st.id)
-        ahead += dec._ahead is not None
+        ahead += dec.plain.ahead is not None
         step += 1
     assert ahead > 5  # steps really were queued ahead
     assert ends[streams[3].id] == "cancelled"
@@ -434,7 +435,7 @@ def test_plain_batches_are_pipelined_and_exact(tiny_model, monkeypatch, mode):
             assert got[s.id] == refs[i], (mode, i)
     # the prompt cache keeps one conversation per row (3): the last three to finish, each
     # with the state after its reply (its last token emitted, not fed)
-    ends_kept = {s.fed for s in tiny_model.prompt_cache.snapshots}
+    ends_kept = {s.fed for s in carryover_of(tiny_model).prompt_cache.snapshots}
     kept = [i for i in range(6) if tuple(ps[i] + got[streams[i].id][:-1]) in ends_kept]
     assert len(kept) == 3 and 3 not in kept, kept
     follow = [ps[i] + got[streams[i].id] + [5, 6] for i in kept]
@@ -464,13 +465,13 @@ def test_batch_controllers_time_each_cycle_once_and_start_from_a_neighbour(tiny_
             if ev.stats is not None:
                 rows[ev.stats.batch_rows] = rows.get(ev.stats.batch_rows, 0) + 1
     for n in (2, 3):
-        assert m.batch_controllers[n]._cycles == rows[n] // n, (n, rows)
-    seeded = AdaptiveDepth(m.batch_controllers[3].max_depth, initial={"cost": {0: 0.01, 1: 0.012, 2: 0.015},
-                                       "acceptance": [0.9, 0.7, 0.5], "depth": 2})
-    m.batch_controllers = {6: seeded}
-    m.depth_controller = None
-    fresh = BatchDecoder(m, max_streams=8)._controller(5)
-    assert fresh is m.batch_controllers[5] and fresh.warmup == 0
+        assert carryover_of(m).controllers[n]._cycles == rows[n] // n, (n, rows)
+    seeded = AdaptiveDepth(carryover_of(m).controllers[3].max_depth,
+                           initial={"cost": {0: 0.01, 1: 0.012, 2: 0.015},
+                                    "acceptance": [0.9, 0.7, 0.5], "depth": 2})
+    carryover_of(m).controllers = {6: seeded}
+    fresh = carryover_of(m).controller(m, 5)
+    assert fresh is carryover_of(m).controllers[5] and fresh.warmup == 0
     assert fresh.state()["acceptance"] == seeded.state()["acceptance"]
     assert fresh.costs() == pytest.approx(seeded.costs())
     assert fresh.choose()[0] == seeded.choose()[0]
@@ -486,12 +487,15 @@ def test_a_plain_batch_switches_to_speculation_and_back(tiny_model, monkeypatch)
     refs = [alone(tiny_model, p, depth=d, max_tokens=n, sampling=params, seed=500 + i)
             for i, (p, (d, n)) in enumerate(zip(ps, plan))]
     ran = {"plain": 0, "full": 0}
-    plain, full = BatchDecoder._plain_cycle, BatchDecoder._launch
-    monkeypatch.setattr(BatchDecoder, "_plain_cycle",
-                        lambda self: ran.__setitem__("plain", ran["plain"] + 1) or plain(self))
-    monkeypatch.setattr(BatchDecoder, "_launch",
-                        lambda self: ran.__setitem__("full", ran["full"] + 1) or full(self))
-    tiny_model.reset_prompt_cache()
+    from engine.decoding import plain as plain_mod, speculative
+
+    plain, full = plain_mod.PlainPipeline.cycle, speculative.launch
+    monkeypatch.setattr(plain_mod.PlainPipeline, "cycle",
+                        lambda self, *a, **k: ran.__setitem__("plain", ran["plain"] + 1)
+                        or plain(self, *a, **k))
+    monkeypatch.setattr(speculative, "launch",
+                        lambda *a, **k: ran.__setitem__("full", ran["full"] + 1) or full(*a, **k))
+    carryover_of(tiny_model).reset_prompt_cache()
     dec = BatchDecoder(tiny_model, max_streams=3)
     streams = [dec.add(p, depth=d, max_tokens=n, sampling=params, seed=500 + i)
                for i, (p, (d, n)) in enumerate(zip(ps[:2], plan))]

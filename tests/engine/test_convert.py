@@ -10,10 +10,11 @@ import pytest
 import engine
 from engine.convert import ConversionCancelled, convert
 from engine.errors import EngineError
+from engine.core.carryover import carryover_of
 
 
 def _greedy(model, prompt, depth, n=24):
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     return [t for ev in model.generate(prompt, max_tokens=n, depth=depth) for t in ev.token_ids]
 
 

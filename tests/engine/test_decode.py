@@ -12,15 +12,17 @@ import engine
 from engine import SamplingParams
 from engine import sampling
 from engine.candidates import Candidates
-from engine.drafters import DraftRequest, MTPDrafter, ReplayDrafter
+from engine.drafters import DraftRequest, ReplayDrafter
 from engine.errors import GenerationError, PromptTooLongError
 from engine.session import Session
 from engine.summary import ReplyTally
+from tests.engine.reference import head_draft, plain_step
+from engine.core.carryover import carryover_of
 
 
 def run(model, prompt, *, depth, max_tokens=37, fresh=True, **kw) -> ReplyTally:
     if fresh:
-        model.reset_prompt_cache()
+        carryover_of(model).reset_prompt_cache()
     s = ReplyTally()
     for ev in model.generate(prompt, max_tokens=max_tokens, depth=depth, **kw):
         s.add(ev)
@@ -77,7 +79,7 @@ def draft_one(session, x_next):
     """The MTP head's greedy draft after ``x_next`` (one step)."""
     request = DraftRequest(x0=x_next, k=1, generated=(), params=SamplingParams(), counts=None,
                            key=sampling.make_key(0))
-    return MTPDrafter(session).draft(request).tokens
+    return head_draft(session, request).tokens
 
 
 def _fresh_logits_and_mtp(model, fed, x_next):
@@ -95,7 +97,7 @@ def test_rollback_state_matches_fresh_decode(tiny_model, depth):
     p = prompts(1, seed=5)[0]
     for max_tokens in range(2, 16, 3):
         out = run(tiny_model, p, depth=depth, max_tokens=max_tokens)
-        snap = tiny_model.prompt_cache.snapshots[-1]
+        snap = carryover_of(tiny_model).prompt_cache.snapshots[-1]
         live = Session.from_snapshot(tiny_model, snap, use_mtp=True)
         x_next = out.token_ids[len(live.fed) - len(p)] if len(live.fed) - len(p) < len(out.token_ids) else None
         assert tuple(live.fed) == tuple(p) + tuple(out.token_ids[: len(live.fed) - len(p)])
@@ -129,7 +131,7 @@ def test_sampled_is_reproducible_with_seed(tiny_model):
 def test_cancel_stops_within_a_cycle_and_model_stays_usable(tiny_model):
     p = prompts(1, seed=8)[0]
     cancel = threading.Event()
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     seen = 0
     reasons = []
     for ev in tiny_model.generate(p, max_tokens=200, depth=2, cancel=cancel):
@@ -140,7 +142,7 @@ def test_cancel_stops_within_a_cycle_and_model_stays_usable(tiny_model):
     assert reasons[-1] == "cancelled"
     assert seen == 4
     # the state kept after a cancel (a draft was in flight) resumes exactly
-    snap = tiny_model.prompt_cache.snapshots[-1]
+    snap = carryover_of(tiny_model).prompt_cache.snapshots[-1]
     # MTP invariant: one row per committed pair; the abandoned draft's rows are gone
     assert snap.mtp_rows + len(snap.pending_tok) == len(snap.fed) - 1
     assert snap.mtp_state[0][3] == snap.mtp_rows
@@ -154,7 +156,7 @@ def test_cancel_stops_within_a_cycle_and_model_stays_usable(tiny_model):
 
 def test_prompt_cache_reuses_previous_turn(tiny_model):
     p = prompts(1, seed=9)[0]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     first = run(tiny_model, p, depth=2, max_tokens=10, fresh=False)
     follow = p + first.token_ids + [7, 8, 9]
     events = list(tiny_model.generate(follow, max_tokens=10, depth=2))
@@ -163,7 +165,7 @@ def test_prompt_cache_reuses_previous_turn(tiny_model):
     ref = run(tiny_model, follow, depth=0, max_tokens=10)
     assert [t for e in events for t in e.token_ids] == ref.token_ids
     # regenerate: same prompt reuses the prompt snapshot
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     run(tiny_model, p, depth=1, max_tokens=5, fresh=False)
     again = list(tiny_model.generate(p, max_tokens=5, depth=1))
     assert again[0].prefill.reused_tokens == len(p)
@@ -230,12 +232,12 @@ def test_closing_the_generator_mid_reply_undoes_the_inflight_draft(tiny_model, a
     launched before the last event was handed out is undone, and the next turn resumes
     exactly from the state kept."""
     p = prompts(1, seed=15)[0]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     gen = tiny_model.generate(p, max_tokens=200, depth=3)
     seen = [next(gen) for _ in range(after)]
     assert all(ev.finish_reason is None for ev in seen)
     gen.close()
-    snap = tiny_model.prompt_cache.snapshots[-1]
+    snap = carryover_of(tiny_model).prompt_cache.snapshots[-1]
     assert len(snap.fed) > len(p) or after == 1
     assert _mtp_invariant_holds(snap)
     follow = list(snap.fed) + [11, 12]
@@ -248,11 +250,11 @@ def test_closing_the_generator_mid_reply_undoes_the_inflight_draft(tiny_model, a
 def test_cancel_leaves_the_mtp_invariant(tiny_model):
     p = prompts(1, seed=16)[0]
     cancel = threading.Event()
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     for i, _ in enumerate(tiny_model.generate(p, max_tokens=200, depth=4, cancel=cancel)):
         if i == 1:
             cancel.set()
-    assert _mtp_invariant_holds(tiny_model.prompt_cache.snapshots[-1])
+    assert _mtp_invariant_holds(carryover_of(tiny_model).prompt_cache.snapshots[-1])
 
 
 @pytest.mark.parametrize("mode", ["filtered", "softmax", "argmax"])
@@ -267,7 +269,7 @@ def test_draft_modes_draw_from_the_q_they_report(tiny_model, mode):
     counts = mx.zeros((tiny_model.info.vocab_size,))
     request = DraftRequest(x0=5, k=3, generated=(5,), params=params, counts=counts,
                            key=sampling.make_key(3))
-    proposal = MTPDrafter(s, mode=mode).draft(request)
+    proposal = head_draft(s, request, mode)
     drafts = proposal.tokens.tolist()
     assert len(drafts) == 3
     if mode == "argmax":
@@ -371,7 +373,7 @@ def test_fused_gdn_capture_sees_new_weights(tiny_model):
 
 @pytest.mark.parametrize("which", ["dense", "moe", "dense-bf16"])
 def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_factory):
-    """A depth-0 step (``Session.step_plain``: compiled GDN, attention and MLP parts) gives
+    """A depth-0 step (the engine's trunk forward: compiled GDN, attention and MLP parts) gives
     the logits and caches mlx-lm's own model call gives, bit for bit, step after step."""
     from engine.model import load
     from tests.tinymodels import build_tiny_model
@@ -384,7 +386,7 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
         s.prefill(list(range(3, 30)))
     tok = 5
     for _ in range(6):
-        got = ours.step_plain(mx.array([tok]))
+        got = plain_step(ours, tok)
         want = model.trunk(mx.array([[tok]]), cache=ref.trunk_cache)[:, -1]
         assert got.dtype == want.dtype
         assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))

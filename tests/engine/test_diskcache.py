@@ -11,6 +11,7 @@ import pytest
 import engine
 from engine import diskcache
 from engine.session import Session
+from engine.core.carryover import carryover_of
 from tests.engine.test_decode import _fresh_logits_and_mtp, _mtp_invariant_holds, draft_one, run
 
 
@@ -23,8 +24,8 @@ def _disk(model, root, *, min_tokens=64, max_bytes=1 << 30):
 
 @pytest.fixture
 def disk_model(tiny_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(tiny_model, "disk_cache", _disk(tiny_model, tmp_path / "pc"))
-    tiny_model.reset_prompt_cache()
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", _disk(tiny_model, tmp_path / "pc"))
+    carryover_of(tiny_model).reset_prompt_cache()
     return tiny_model
 
 
@@ -33,15 +34,15 @@ def long_prompt(n=200, seed=0):
 
 
 def _plain(model, prompt, depth, max_tokens=24):
-    disk, model.disk_cache = model.disk_cache, None
+    disk, carryover_of(model).disk_cache = carryover_of(model).disk_cache, None
     try:
         return run(model, prompt, depth=depth, max_tokens=max_tokens).token_ids
     finally:
-        model.disk_cache = disk
+        carryover_of(model).disk_cache = disk
 
 
 def _resumed(model, prompt, depth, max_tokens=24):
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     evs = list(model.generate(prompt, max_tokens=max_tokens, depth=depth))
     return evs[0].prefill.reused_tokens, [t for e in evs for t in e.token_ids]
 
@@ -50,7 +51,7 @@ def _resumed(model, prompt, depth, max_tokens=24):
 def test_resume_from_disk_is_exact(disk_model, depth):
     p = long_prompt(seed=depth)
     first = run(disk_model, p, depth=depth, max_tokens=24)
-    disk_model.disk_cache.flush()
+    carryover_of(disk_model).disk_cache.flush()
     reused, toks = _resumed(disk_model, p, depth)
     assert reused == len(p)
     assert toks == first.token_ids == _plain(disk_model, p, depth)
@@ -63,9 +64,9 @@ def test_resume_from_disk_is_exact(disk_model, depth):
 def test_a_reloaded_model_resumes_from_disk(disk_model, tiny_dir):
     p = long_prompt(seed=7)
     ref = run(disk_model, p, depth=2, max_tokens=16).token_ids
-    disk_model.disk_cache.flush()
+    carryover_of(disk_model).disk_cache.flush()
     other = engine.load(tiny_dir)
-    other.disk_cache = _disk(other, disk_model.disk_cache.root)
+    carryover_of(other).disk_cache = _disk(other, carryover_of(disk_model).disk_cache.root)
     reused, toks = _resumed(other, p, 2, max_tokens=16)
     assert reused == len(p) and toks == ref
 
@@ -73,9 +74,9 @@ def test_a_reloaded_model_resumes_from_disk(disk_model, tiny_dir):
 def test_mtp_invariant_holds_after_a_disk_resume(disk_model):
     p = long_prompt(seed=3)
     out = run(disk_model, p, depth=3, max_tokens=20)
-    disk_model.disk_cache.flush()
+    carryover_of(disk_model).disk_cache.flush()
     follow = p + out.token_ids[:-1]
-    snap = disk_model.disk_cache.load(follow + [5], need_mtp=True)
+    snap = carryover_of(disk_model).disk_cache.load(follow + [5], need_mtp=True)
     assert snap is not None and len(snap.fed) > len(p)
     assert _mtp_invariant_holds(snap)
     live = Session.from_snapshot(disk_model, snap, use_mtp=True)
@@ -87,8 +88,8 @@ def test_mtp_invariant_holds_after_a_disk_resume(disk_model):
 
 def test_short_prompts_are_not_saved(disk_model):
     run(disk_model, long_prompt(20), depth=1, max_tokens=5)
-    disk_model.disk_cache.flush()
-    assert not list(disk_model.disk_cache.root.glob("*/*.json"))
+    carryover_of(disk_model).disk_cache.flush()
+    assert not list(carryover_of(disk_model).disk_cache.root.glob("*/*.json"))
 
 
 def _entries(disk):
@@ -96,7 +97,7 @@ def _entries(disk):
 
 
 def test_lru_keeps_the_total_under_the_bound(disk_model):
-    disk = disk_model.disk_cache
+    disk = carryover_of(disk_model).disk_cache
     run(disk_model, long_prompt(seed=1), depth=0, max_tokens=2)
     disk.flush()
     one = sum(f.stat().st_size for f in disk.dir.iterdir())  # two entries: prompt + end
@@ -111,7 +112,7 @@ def test_lru_keeps_the_total_under_the_bound(disk_model):
 
 
 def test_a_hit_makes_an_entry_recent(disk_model):
-    disk = disk_model.disk_cache
+    disk = carryover_of(disk_model).disk_cache
     for seed in (1, 2):
         run(disk_model, long_prompt(seed=seed), depth=0, max_tokens=1)
         disk.flush()
@@ -126,7 +127,7 @@ def test_a_hit_makes_an_entry_recent(disk_model):
 def test_corrupt_files_are_removed_and_generation_goes_on(disk_model):
     p = long_prompt(seed=4)
     ref = run(disk_model, p, depth=2, max_tokens=12).token_ids
-    disk = disk_model.disk_cache
+    disk = carryover_of(disk_model).disk_cache
     disk.flush()
     for man in _entries(disk):
         arr = man.with_suffix(".safetensors")
@@ -142,7 +143,7 @@ def test_corrupt_files_are_removed_and_generation_goes_on(disk_model):
 def test_foreign_entries_are_ignored(disk_model, tmp_path):
     p = long_prompt(seed=5)
     run(disk_model, p, depth=1, max_tokens=4)
-    disk = disk_model.disk_cache
+    disk = carryover_of(disk_model).disk_cache
     disk.flush()
     for man in _entries(disk):                  # a manifest of another model, same folder
         meta = json.loads(man.read_text())
@@ -179,11 +180,11 @@ def test_the_off_switch_and_size_setting(tiny_model, monkeypatch, tmp_path):
 @pytest.mark.parametrize("depth", [0, 2])
 def test_demo_model_resume_from_disk_is_exact(tmp_path, depth):
     model = engine.load(engine.default_model_path())
-    model.disk_cache = _disk(model, tmp_path, min_tokens=1024)
+    carryover_of(model).disk_cache = _disk(model, tmp_path, min_tokens=1024)
     text = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(200))
     p = model.chat_ids([{"role": "user", "content": text}])[:1100]
     first = run(model, p, depth=depth, max_tokens=24).token_ids
-    model.disk_cache.flush()
+    carryover_of(model).disk_cache.flush()
     reused, toks = _resumed(model, p, depth)
     assert reused == len(p) and toks == first == _plain(model, p, depth)
 
@@ -193,11 +194,11 @@ def test_a_depth0_entry_does_not_stop_an_mtp_one(disk_model):
     snapshot is saved too; after that both depths resume from the MTP one."""
     p = long_prompt(seed=9)
     run(disk_model, p, depth=0, max_tokens=2)
-    disk_model.disk_cache.flush()
+    carryover_of(disk_model).disk_cache.flush()
     assert _resumed(disk_model, p, 2, max_tokens=2)[0] == 0
-    disk_model.disk_cache.flush()
-    n = len(_entries(disk_model.disk_cache))
+    carryover_of(disk_model).disk_cache.flush()
+    n = len(_entries(carryover_of(disk_model).disk_cache))
     assert _resumed(disk_model, p, 2, max_tokens=2)[0] == len(p)
     assert _resumed(disk_model, p, 0, max_tokens=2)[0] == len(p)
-    disk_model.disk_cache.flush()
-    assert len(_entries(disk_model.disk_cache)) == n
+    carryover_of(disk_model).disk_cache.flush()
+    assert len(_entries(carryover_of(disk_model).disk_cache)) == n

@@ -14,6 +14,7 @@ import pytest
 
 import engine
 from engine import SamplingParams, sampling
+from engine.core.carryover import carryover_of
 from tests.tinymodels import build_tiny_model
 
 V = 6
@@ -81,7 +82,7 @@ def test_speculative_samples_follow_plain_distribution(small_vocab_model, params
     for depth in (1, 2, 3):
         counts = np.zeros(V * V)
         accepted = 0
-        model.reset_prompt_cache()
+        carryover_of(model).reset_prompt_cache()
         for i in range(N):
             toks = []
             # max_tokens = depth + 2: the first cycle runs at full depth and emits t2, t3
@@ -108,7 +109,7 @@ def test_every_draft_mode_follows_plain_distribution(small_vocab_model, mode):
     expected = exact_pair_distribution(model, params).ravel()
     counts = np.zeros(V * V)
     accepted = 0
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     for i in range(N):
         toks = []
         for ev in model.generate(PROMPT, max_tokens=depth + 2, depth=depth, sampling=params,

@@ -8,6 +8,7 @@ import pytest
 
 from engine.errors import GenerationError
 from engine.grammar import Constraint
+from engine.core.carryover import carryover_of
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
           "additionalProperties": False}
@@ -92,7 +93,7 @@ def _run(demo, depth, **kw):
     ids = demo.chat_ids([{"role": "user", "content": "What does `os.path.join` do?"}],
                         enable_thinking=False)
     c = _constraint(demo, {"type": "json_schema", "json_schema": {"schema": BOUNDED}})
-    demo.reset_prompt_cache()
+    carryover_of(demo).reset_prompt_cache()
     toks, text, reason = [], "", None
     for ev in demo.generate(ids, max_tokens=96, depth=depth, constraint=c, **kw):
         toks += ev.token_ids

@@ -209,3 +209,41 @@ def test_the_cli_and_the_app_tune_the_same_depths():
     assert tune_cmd._depths(p.parse_args([]).depths) == tuner.DEPTHS
     assert pyinspect.signature(tuner.tune).parameters["depths"].default == tuner.DEPTHS
     # (the app's worker passes tuner.DEPTHS: tests/app/test_worker.py checks it)
+
+
+def test_tune_measures_the_path_the_product_runs(tiny_model, home, monkeypatch):
+    """The tuner's replies run through the one decoder the app and the server run
+    (``BatchDecoder``, a batch of one): every cycle it times is a ``BatchDecoder`` cycle,
+    plain (depth 0) and speculative alike, and a scheduled request takes the same one."""
+    from engine.decoding import decoder, plain, speculative
+    from engine.server.scheduler import GenRequest, Scheduler
+    from engine.tuner import tune
+
+    seen = {"plain": 0, "speculative": 0, "decoders": 0}
+    real_plain, real_spec, real_init = plain.PlainPipeline.cycle, speculative.run, \
+        decoder.BatchDecoder.__init__
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            seen[name] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(plain.PlainPipeline, "cycle", count("plain", real_plain))
+    monkeypatch.setattr(speculative, "run", count("speculative", real_spec))
+    monkeypatch.setattr(decoder.BatchDecoder, "__init__", count("decoders", real_init))
+    result = tune(tiny_model, depths=(1,), prompts=["Hi"], repeats=1, max_tokens=6,
+                  save=False, warmup=False)
+    assert [r.depth for r in result.rows] == [0, 1]
+    assert seen["decoders"] == 2 and seen["plain"] > 0 and seen["speculative"] > 0
+    before = dict(seen)
+    done = threading.Event()
+    s = Scheduler(model=tiny_model, max_streams=8).start()
+    try:
+        s.submit(GenRequest(id="r", prompt_ids=(5, 6, 7), max_tokens=6, depth=1),
+                 lambda item: done.set() if type(item).__name__ == "Done" else None)
+        assert done.wait(60)
+    finally:
+        s.stop()
+    assert seen["decoders"] == before["decoders"] + 1
+    assert seen["speculative"] > before["speculative"]

@@ -1,5 +1,6 @@
-"""A scripted model for server tests: the public Model interface (generate, chat_ids, info,
-tokenizer), no weights. Each ``generate`` call replies with the next script in ``replies``
+"""A scripted model for server tests: the public Model interface (generate, decoder, chat_ids,
+info, tokenizer), no weights. ``decoder`` is ``app.fake.decoder.ScriptedDecoder`` over
+``generate``, so the scheduler drives it exactly as it drives the engine's ``BatchDecoder``. Each ``generate`` call replies with the next script in ``replies``
 (or ``default``), one token per character, a few characters per cycle; a script "FAIL"
 raises ``GenerationError``-free RuntimeError mid-reply (an engine failure)."""
 from __future__ import annotations
@@ -34,6 +35,13 @@ class ScriptedModel:
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
         self.prompts.append(text)
         return [min(ord(c), 255) for c in text]
+
+    def decoder(self, *, max_streams: int):
+        from app.fake.decoder import ScriptedDecoder
+
+        return ScriptedDecoder(lambda r: self.generate(
+            list(r.prompt_ids), max_tokens=r.max_tokens, depth=r.depth, sampling=r.sampling,
+            seed=r.seed, cancel=r.cancel, stop_strings=r.stop_strings), max_streams=max_streams)
 
     def generate(self, prompt_ids, *, max_tokens=256, depth=0, sampling=None, seed=None,
                  cancel=None, stop_strings=()):

@@ -11,6 +11,7 @@ import pytest
 from engine import SamplingParams
 from engine.server.scheduler import Done, Failed, GenRequest, Scheduler, Started
 from engine.types import Event
+from engine.core.carryover import carryover_of
 from tests.engine.test_decode import prompts
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,7 +46,7 @@ class Sink:
 
 
 def _alone(model, p, **kw) -> list[int]:
-    model.reset_prompt_cache()
+    carryover_of(model).reset_prompt_cache()
     return [t for ev in model.generate(p, **kw) for t in ev.token_ids]
 
 
@@ -60,7 +61,7 @@ def _requests():
 def test_threaded_batch_gives_every_request_its_own_reply(tiny_model):
     ps, kws = _requests()
     refs = [_alone(tiny_model, p, **kw) for p, kw in zip(ps, kws)]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     s = Scheduler(model=tiny_model, max_streams=4).start()
     try:
         sinks = [Sink() for _ in ps]
@@ -84,7 +85,7 @@ def test_threaded_batch_gives_every_request_its_own_reply(tiny_model):
 def test_cancelling_one_batched_request_leaves_the_others(tiny_model):
     ps, kws = _requests()
     refs = [_alone(tiny_model, p, **kw) for p, kw in zip(ps, kws)]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     s = Scheduler(model=tiny_model, max_streams=8).start()
     try:
         sinks = [Sink() for _ in ps]
@@ -111,7 +112,7 @@ def test_cancelling_one_batched_request_leaves_the_others(tiny_model):
 def test_hosted_batch_runs_everything_in_one_run_next(tiny_model):
     ps, kws = _requests()
     refs = [_alone(tiny_model, p, **kw) for p, kw in zip(ps, kws)]
-    tiny_model.reset_prompt_cache()
+    carryover_of(tiny_model).reset_prompt_cache()
     wakes = []
     s = Scheduler.hosted(lambda: wakes.append(1), max_streams=3)
     s.set_model(tiny_model)

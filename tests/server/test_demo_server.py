@@ -191,7 +191,7 @@ def test_eight_concurrent_clients_all_correct(demo_server, reference):
     for t in threads:
         t.join(90)
     assert [got.get(i) for i in range(8)] == want
-    assert max(batched) >= 2, batched  # the requests were decoded together (engine.batching)
+    assert max(batched) >= 2, batched  # the requests were decoded together (engine.decoding)
 
 
 def test_client_disconnect_frees_the_engine(demo_server, oai):

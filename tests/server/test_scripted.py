@@ -23,7 +23,7 @@ ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": "weather",
 @pytest.fixture(scope="module")
 def served():
     model = ScriptedModel()
-    server = start_server(model, port=0, max_queue=1)
+    server = start_server(model, port=0, max_queue=1, max_streams=1)  # one runs, others wait
     yield model, server
     server.stop(stop_scheduler=True)
 
