@@ -5,7 +5,7 @@ The workload (``Workload``): replies of a prompt class, each with its own condit
 acceptance table by draft position (its class's table shifted by a uniform draw in
 ``±spread``: some prompts suit the head better than others) and its own length (a uniform
 draw in ``lengths``, cut at ``max_tokens``; the first token comes with the prefill, as in
-``engine.decode``). A cycle at depth d (clipped to the token budget left, as the decode loop
+``engine.decoding``). A cycle at depth d (clipped to the token budget left, as the decode loop
 clips it) accepts drafts position by position while a uniform draw falls below the table; it
 costs ``cost[d]``. What the controller is told differs from that cost as a real clock does:
 ``±noise`` per cycle, a share ``spikes`` of cycles 2-4x slower (GC pauses), other load that
@@ -186,7 +186,7 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
                 seed: int = 0, out: Outcome | None = None,
                 compiled: set | None = None) -> Outcome:
     """Decode ``replies`` with ``ctrl``, calling ``new_request()`` between them. A cycle's
-    depth is clipped to the token budget left, as ``engine.decode`` clips it; drafts past the
+    depth is clipped to the token budget left, as ``engine.decoding`` clips it; drafts past the
     end of sequence are wasted (its credit counts only the tokens up to it). A recorded
     reply's cycle at depth d accepts ``min(a, d)`` drafts, ``a`` what the recorded cycle that
     started at the same place in the reply (or just before) accepted at the deepest depth,

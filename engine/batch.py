@@ -6,7 +6,7 @@ positions), its Gated DeltaNet state a row of each ``ArraysCache``, its MTP cach
 head's ``RowKVCache``. ``leave`` removes a row; ``extract`` gives it back as a ``Session`` (the
 prompt cache keeps it for the conversation's next turn).
 
-One cycle for all rows, in the order of ``engine.cycle``:
+One cycle for all rows, in the order of ``engine.decoding.speculative``:
 - ``mtp_first(x0s, active)``: one MTP forward over every row's pending committed pairs plus
   (last hidden, x0), right-padded to the longest row; ``mtp_next`` one more step for all rows.
   Every row runs as many head steps as the deepest row (``steps``); a shallower row ignores the

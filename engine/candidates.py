@@ -35,7 +35,7 @@ values. Two cases:
   decide either way there).
 
 Where ``Candidates.exact`` [R] is False the caller must use the dense path
-(``sampling.build_probs``) for that target row: ``engine.cycle`` and ``engine.decode`` check
+(``sampling.build_probs``) for that target row: ``engine.decoding.acceptance`` and ``engine.decoding.draw`` check
 it at their one host synchronisation and redo that step densely. A *draft* needs no check:
 any q is exact as long as the draft was sampled from it, and a draft sampled from
 ``Candidates`` is (an inexact row is still a normalised distribution on its ids).

@@ -140,7 +140,7 @@ class Session:
     def prefill_chunks(self, tokens: list[int]) -> Iterator[int]:
         """``prefill`` one chunk at a time: yields the tokens fed so far after each chunk
         (every chunk but the last is evaluated before the yield), so a caller can run other
-        work between chunks (``engine.batching``: a joining stream never stalls the batch
+        work between chunks (``engine.decoding.admission``: a joining stream never stalls the batch
         for more than one chunk)."""
         tm = self.model.text_model
         for i in range(0, len(tokens), PREFILL_CHUNK):
@@ -167,7 +167,7 @@ class PromptCache:
     snapshots. Other lineages (other conversations) are independent; up to ``max_lineages``
     of them are kept, the least recently kept dropped first. With the default 1, starting a
     reply frees every other conversation's state before its prefill (one conversation's
-    memory, as a single chat needs); a batch of streams (``engine.batching``) raises it so
+    memory, as a single chat needs); a batch of streams (``engine.decoding.decoder``) raises it so
     concurrent conversations (an agent's sub-agents) each find their own next turn cached.
     """
 

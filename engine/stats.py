@@ -133,7 +133,7 @@ class StatsSnapshot:
     current_depth: int | None
     depth_history: tuple[DepthPoint, ...]
     memory: MemorySample | None
-    batch_rows: int = 1  # streams in the last cycle (engine.batching): 1 when decoding alone
+    batch_rows: int = 1  # streams in the last cycle (engine.decoding): 1 when decoding alone
 
 
 def read_memory() -> MemorySample:

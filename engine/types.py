@@ -102,7 +102,7 @@ class CycleStats:
     context_tokens: int = 0
     host_syncs: int = 1
     depth_reason: str = ""
-    batch_rows: int = 1  # streams decoded in this cycle (``engine.batching``)
+    batch_rows: int = 1  # streams decoded in this cycle (``engine.decoding``)
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
 
 
 def test_tokens_tile_says_when_the_reply_shares_a_batch(qtbot, window, emitter):
-    """A cycle decoded together with other streams (engine.batching) is named on the Tokens
+    """A cycle decoded together with other streams (engine.decoding) is named on the Tokens
     tile: 'batch of 3'; a lone stream's says nothing about batches."""
     from dataclasses import replace
 
