@@ -15,6 +15,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
+from engine.models import device
 from engine.trunk import attention_layer, compiled_on
 
 # Norm weights that checkpoints store zero-centred (scale = 1 + w).
@@ -38,20 +39,24 @@ class MTPHead(nn.Module):
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
 
     def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list[KVCache]) -> mx.array:
-        """hidden, token_embeds: [B, S, H] -> normed MTP hidden [B, S, H]."""
-        z = self._fc(hidden, token_embeds)
+        """hidden, token_embeds: [B, S, H] -> normed MTP hidden [B, S, H]. The device branch
+        (engine/models/device.py) is read once, here."""
+        cpu = device.is_cpu()
+        z = self._fc(hidden, token_embeds, cpu)
         mask = create_attention_mask(z, cache[0])
         for layer, c in zip(self.layers, cache):  # mlx-lm's DecoderLayer, compiled in parts
-            z = attention_layer(layer, z, mask, c)
+            z = attention_layer(layer, z, mask, c, cpu)
         return self.norm(z)
 
-    def _fc(self, hidden: mx.array, token_embeds: mx.array) -> mx.array:
+    def _fc(self, hidden: mx.array, token_embeds: mx.array, cpu: bool | None = None,
+            ) -> mx.array:
         """The two norms, the concatenation and ``fc``: one ``mx.compile``d function on the
-        CPU (the same operations: bit-identical, tested; its weights are compile inputs)."""
+        CPU branch (the same operations: bit-identical, tested; its weights are compile
+        inputs)."""
         def fc(hidden, token_embeds):
             return self.fc(mx.concatenate([self.pre_fc_norm_embedding(token_embeds),
                                            self.pre_fc_norm_hidden(hidden)], axis=-1))
-        if mx.default_device() != mx.cpu:
+        if not (device.is_cpu() if cpu is None else cpu):
             return fc(hidden, token_embeds)
         return compiled_on(self, "_mtpchat_fc", fc, [
             self.fc.state, self.pre_fc_norm_embedding.state, self.pre_fc_norm_hidden.state,

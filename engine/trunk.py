@@ -11,6 +11,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
 
+from engine.models import device
+
 # The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
 # what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
 # (``normalize_qk``, ``_gated_delta_step_ops``; its main branch no longer defines them), so
@@ -53,13 +55,20 @@ def lm_head(text_model, h: mx.array) -> mx.array:
     return text_model.lm_head(h)
 
 
-def _recurrence_steps(gdn, q, k, v, a, b, state) -> tuple[list[mx.array], list[mx.array]]:
-    """The gated delta rule one step at a time, keeping every state. On the GPU each step is
-    mlx-lm's kernel; on the CPU gates are computed once and each step is mlx-lm's compiled
+def _cpu(cpu: bool | None) -> bool:
+    """``cpu`` as passed down by a forward, else the device branch (engine/models/device.py)."""
+    return device.is_cpu() if cpu is None else cpu
+
+
+def _recurrence_steps(gdn, q, k, v, a, b, state, cpu: bool | None = None,
+                      ) -> tuple[list[mx.array], list[mx.array]]:
+    """The gated delta rule one step at a time, keeping every state. On the "metal" branch
+    each step is mlx-lm's ``gated_delta_update`` (its kernel on a Metal GPU, else its ops
+    fallback); on the "cpu" branch gates are computed once and each step is mlx-lm's compiled
     step op (the same arithmetic plain decoding runs)."""
     S = q.shape[1]
     outs, states = [], []
-    if mx.default_device() == mx.gpu:
+    if not _cpu(cpu):
         for j in range(S):
             o, state = gated_delta_update(
                 q[:, j:j + 1], k[:, j:j + 1], v[:, j:j + 1], a[:, j:j + 1], b[:, j:j + 1],
@@ -82,7 +91,8 @@ def _recurrence_steps(gdn, q, k, v, a, b, state) -> tuple[list[mx.array], list[m
     return outs, states
 
 
-def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
+def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
+                 ) -> tuple[mx.array, GDNCapture]:
     """GatedDeltaNet forward over S tokens that keeps the conv window and recurrent state
     after every step. Same math as mlx-lm's layer; the recurrence runs one step at a time."""
     B, S, _ = x.shape
@@ -104,25 +114,28 @@ def _gdn_capture(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=gdn.head_k_dim ** -0.5, eps=1e-6)
-    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1])
+    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
     out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
     cache[0], cache[1] = convs[-1], states[-1]
     out = gdn.norm(out, z)
     return gdn.out_proj(out.reshape(B, S, -1)), GDNCapture(conv=convs, state=states)
 
 
-def _gdn_capture_fused(gdn, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
+def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
+                       ) -> tuple[mx.array, GDNCapture]:
     """``_gdn_capture`` as one ``mx.compile``d function per layer and input shape on the CPU
-    (the same operations fused: bit-identical, tested for one row and a batch's; depth 2-3
+    branch (``cpu``: as the forward read it; None: read the switch) (the same operations
+    fused: bit-identical, tested for one row and a batch's; depth 2-3
     replies on the demo model 3-9 % faster in alternating runs, where dispatching ~50 small
     operations a layer costs more than their arithmetic; a whole demo verify forward over
     2-8 rows x 2-4 tokens 3-8 % faster). A new shape (rows, tokens) compiles once: ~40-90 ms
     on top of the ~300-500 ms mlx-lm's own compiled step takes for it. The compiled functions
     live on the layer itself, so they go with the model."""
-    if mx.default_device() != mx.cpu or cache[0] is None or cache[1] is None:
-        return _gdn_capture(gdn, x, cache)
-    return _compiled_captured(gdn, "_mtpchat_capture", functools.partial(_gdn_capture, gdn),
-                              x, cache)
+    cpu = _cpu(cpu)
+    if not cpu or cache[0] is None or cache[1] is None:
+        return _gdn_capture(gdn, x, cache, cpu)
+    return _compiled_captured(gdn, "_mtpchat_capture",
+                              functools.partial(_gdn_capture, gdn, cpu=True), x, cache)
 
 
 def _compiled_captured(module, name: str, run, x: mx.array, cache,
@@ -159,30 +172,32 @@ def compiled_on(module, name: str, fn, inputs):
     return got
 
 
-def mlp_block(layer, h: mx.array) -> mx.array:
+def mlp_block(layer, h: mx.array, cpu: bool | None = None) -> mx.array:
     """A decoder layer's second half, ``h + mlp(post_attention_layernorm(h))``, as one
-    ``mx.compile``d function per layer on the CPU for a dense MLP (the same operations:
+    ``mx.compile``d function per layer on the CPU branch for a dense MLP (the same operations:
     bit-identical to mlx-lm's layer, tested; MoE blocks run as they are)."""
     def half(h):
         return h + layer.mlp(layer.post_attention_layernorm(h))
-    if mx.default_device() != mx.cpu or not hasattr(layer.mlp, "gate_proj"):
+    if not _cpu(cpu) or not hasattr(layer.mlp, "gate_proj"):
         return half(h)
     return compiled_on(layer, "_mtpchat_mlp", half,
                        [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
 
-def attention_layer(layer, x: mx.array, mask, cache) -> mx.array:
+def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) -> mx.array:
     """A full-attention decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
-    ``h = x + self_attn(input_layernorm(x))``, with mlx-lm's operations. On the CPU the norm,
+    ``h = x + self_attn(input_layernorm(x))``, with mlx-lm's operations. On the CPU branch
+    (``cpu``: as the forward read it; None: read the switch) the norm,
     the projections, the q/k norms and RoPE run as one ``mx.compile``d function (the RoPE
     offset passed as an array: the same values as an int offset, tested), then the cache
     update and the attention itself as mlx-lm runs them (their shapes grow with the context,
     so they are not compiled), then the output gate, ``o_proj``, the residual and (a dense
     MLP) the layer's second half as another compiled function."""
     attn = layer.self_attn
-    if mx.default_device() != mx.cpu or cache is None or \
+    cpu = _cpu(cpu)
+    if not cpu or cache is None or \
             not isinstance(attn.rope, nn.RoPE) or not hasattr(attn, "q_norm"):
-        return mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache))
+        return mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache), cpu)
     offset = cache.offset
     if isinstance(offset, int):
         offset = mx.array(offset, dtype=mx.int32)
@@ -191,7 +206,7 @@ def attention_layer(layer, x: mx.array, mask, cache) -> mx.array:
     k, v = cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     if not _dense(layer):
-        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False))
+        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False), True)
     return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, layer),
                        [attn.o_proj.state, layer.mlp.state,
                         layer.post_attention_layernorm.state])(out, gate, x)
@@ -224,21 +239,23 @@ def _attn_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,
     return h + layer.mlp(layer.post_attention_layernorm(h)) if mlp else h
 
 
-def linear_layer(layer, x: mx.array, cache) -> tuple[mx.array, GDNCapture]:
+def linear_layer(layer, x: mx.array, cache, cpu: bool | None = None,
+                 ) -> tuple[mx.array, GDNCapture]:
     """A Gated DeltaNet decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
     ``h = x + linear_attn(input_layernorm(x))``, keeping the conv window and recurrent state
-    after every step (``_gdn_capture``). On the CPU, with a dense MLP and both caches set,
+    after every step (``_gdn_capture``). On the CPU branch (``cpu``: as the forward read it;
+    None: read the switch), with a dense MLP and both caches set,
     the whole layer is one ``mx.compile``d function per input shape (the same operations as
     mlx-lm's layer, bit for bit: tested); else its GDN part (``_gdn_capture_fused``) and its
     MLP half (``mlp_block``) run apart."""
     gdn = layer.linear_attn
-    if mx.default_device() != mx.cpu or cache[0] is None or cache[1] is None or \
-            not _dense(layer):
-        r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache)
-        return mlp_block(layer, x + r), cap
+    cpu = _cpu(cpu)
+    if not cpu or cache[0] is None or cache[1] is None or not _dense(layer):
+        r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache, cpu)
+        return mlp_block(layer, x + r, cpu), cap
 
     def whole(x, caches):
-        out, cap = _gdn_capture(gdn, layer.input_layernorm(x), caches)
+        out, cap = _gdn_capture(gdn, layer.input_layernorm(x), caches, True)
         h = x + out
         return h + layer.mlp(layer.post_attention_layernorm(h)), cap
     return _compiled_captured(layer, "_mtpchat_layer", whole, x, cache)
@@ -251,10 +268,11 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     With ``capture`` the GDN layers record their per-step states (keyed by layer index);
     the attention layers append to their KV caches as usual (trimmed by the caller). With
     ``capture`` or one token per row (a decode step), each layer runs as mlx-lm's decoder
-    layer does but compiled: a GDN layer whole (``linear_layer``), an attention layer in two
+    layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
-    layers unchanged.
+    layers unchanged. The device branch (engine/models/device.py) is read once, here.
     """
+    cpu = device.is_cpu()
     inner = text_model.model
     x = inner.embed_tokens(inputs)
     fa_mask = create_attention_mask(x, cache[inner.fa_idx])
@@ -266,11 +284,11 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue
         if layer.is_linear:
-            x, cap = linear_layer(layer, x, c)
+            x, cap = linear_layer(layer, x, c, cpu)
             if capture:
                 captures[i] = cap
         else:
-            x = attention_layer(layer, x, fa_mask, c)
+            x = attention_layer(layer, x, fa_mask, c, cpu)
     return inner.norm(x), captures
 
 

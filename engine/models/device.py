@@ -1,0 +1,116 @@
+"""The one switch that picks the code the trunk and MTP forwards run: ``"cpu"`` or ``"metal"``.
+
+``branch()`` is, in order: what ``set_branch`` / ``use_branch`` forced (tests), else the
+environment variable ``MTPCHAT_DEVICE_BRANCH`` (``cpu`` or ``metal``; read once, on the first
+call, and again by ``reload_env()``), else ``"cpu"`` when ``mx.default_device()`` is the CPU and
+``"metal"`` otherwise. engine/trunk.py and engine/mtp.py read it once per forward
+(``forward_hidden``, ``MTPHead.__call__``) and pass it down; their per-layer functions read it
+themselves only when called on their own (tests). Nothing else in the engine depends on it.
+
+What differs, and only in the forwards that capture (a verify) or run one token per row (a
+decode step); a prefill chunk runs mlx-lm's decoder layers unchanged on both branches:
+
+======================  ==========================================  ==========================
+code                    ``"cpu"``                                   ``"metal"``
+======================  ==========================================  ==========================
+GDN decoder layer       ``trunk.linear_layer``: the whole layer     ``_gdn_capture`` then the
+(dense MLP, caches set) (input norm, ``_gdn_capture``, MLP half)    MLP half, uncompiled
+                        as one ``mx.compile``d function per input
+                        shape (``layer._mtpchat_layer``)
+GDN layer, MoE MLP      ``_gdn_capture`` compiled per shape         both uncompiled
+                        (``linear_attn._mtpchat_capture``), the
+                        MoE half as mlx-lm runs it
+GDN layer, caches unset ``_gdn_capture`` uncompiled, a dense MLP    both uncompiled
+(a first forward)       half compiled (``_mtpchat_mlp``)
+GDN recurrence          gates (``compute_g``, ``sigmoid(b)``) once  mlx-lm's
+(``_recurrence_steps``) for all S tokens, q/k repeated to the       ``gated_delta_update`` one
+                        value heads once, then mlx-lm's             token at a time
+                        ``_gated_delta_step_ops`` per token         (``use_kernel=True``)
+attention decoder layer ``trunk.attention_layer``: norm,            mlx-lm's attention call
+(trunk and MTP head)    projections, q/k norms, RoPE as one         and the MLP half as mlx-lm
+                        compiled function (``_mtpchat_attn_in``),   runs them, uncompiled
+                        cache update + SDPA as mlx-lm runs them,
+                        then gate, ``o_proj``, residual and a
+                        dense MLP compiled (``_mtpchat_attn_out``)
+MLP half alone          compiled per layer (``_mtpchat_mlp``)       uncompiled
+MTP ``fc`` input        two norms, concat, ``fc`` compiled          uncompiled
+                        (``head._mtpchat_fc``)
+======================  ==========================================  ==========================
+
+``gated_delta_update`` runs mlx-lm's Metal kernel only when the default device is the GPU and
+Metal is available (and the key head dim is a multiple of 32); anywhere else -- the CPU, an
+MLX GPU without Metal -- it falls back by itself to ``gated_delta_ops``, the same
+``_gated_delta_step_ops`` the CPU branch calls, with the gates computed per token. So on a CPU
+``"metal"`` runs the non-CPU code path with ops instead of the kernel, and gives the CPU
+branch's results (bit for bit on the test models, tests/engine/test_device_branch.py): the
+exactness tests run on both branches there (tests/engine/conftest.py). Forcing ``"cpu"`` on a
+GPU runs the compiled functions on the GPU; they are traced on the device in use when first
+called, so switch devices only before a model's first forward.
+
+The compiled functions are kept on the layers (``compiled_on``); they are made and called
+only on the ``"cpu"`` branch, so switching branch mid-process switches the code that runs
+from the next forward on, on the same model.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import mlx.core as mx
+
+ENV_VAR = "MTPCHAT_DEVICE_BRANCH"
+BRANCHES = ("cpu", "metal")
+
+_UNREAD = object()
+_forced: str | None = None
+_env: object = _UNREAD
+
+
+def _valid(name: str, where: str) -> str:
+    if name not in BRANCHES:
+        raise ValueError(f"{where} = {name!r}: the device branch is one of "
+                         f"{', '.join(BRANCHES)}")
+    return name
+
+
+def reload_env() -> str | None:
+    """Re-read ``MTPCHAT_DEVICE_BRANCH`` (empty or unset: none); return what it now says."""
+    global _env
+    raw = os.environ.get(ENV_VAR, "").strip().lower()
+    _env = _valid(raw, ENV_VAR) if raw else None
+    return _env
+
+
+def branch() -> str:
+    """``"cpu"`` or ``"metal"``: forced, else the environment, else the default device."""
+    if _forced is not None:
+        return _forced
+    env = reload_env() if _env is _UNREAD else _env
+    if env is not None:
+        return env
+    return "cpu" if mx.default_device() == mx.cpu else "metal"
+
+
+def is_cpu() -> bool:
+    """Whether the forwards run the CPU branch (the compiled per-layer functions)."""
+    return branch() == "cpu"
+
+
+def set_branch(name: str | None) -> str | None:
+    """Force the branch (``None``: back to the environment / device); return the previous
+    forced value. Process-wide (every thread), read by the next forward."""
+    global _forced
+    previous = _forced
+    _forced = None if name is None else _valid(name, "set_branch")
+    return previous
+
+
+@contextlib.contextmanager
+def use_branch(name: str | None) -> Iterator[str]:
+    """``with use_branch("metal"): ...`` runs the forwards inside on that branch."""
+    previous = set_branch(name)
+    try:
+        yield branch()
+    finally:
+        set_branch(previous)
