@@ -18,7 +18,7 @@ import logging
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.store import mark_used
+from engine.hub.store import mark_used
 from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The worker: the only caller of the engine. A QObject living on its own QThread, which
-loads the models and hosts the engine's scheduler (``engine.server.scheduler.Scheduler``):
+loads the models and hosts the engine's scheduler (``engine.core.scheduler.Scheduler``):
 chat replies and local-server requests queue together in its FIFO and run on this thread, so
 they never race for the model (MLX streams are thread-local); when several are in flight they
 decode together in one batch (``engine.decoding.decoder``, up to ``DEFAULT_STREAMS``).
@@ -12,7 +12,7 @@ Called from any thread:
   on the worker thread and hands it to the scheduler.
 - ``submit(request)``: queues one ``GenerationRequest`` in the scheduler (its chat template is
   rendered on the worker thread when it starts); streams ``delta``/``stats``.
-- ``start_tune(path)``: runs ``engine.tuner.tune`` on the loaded model (loads ``path`` first if
+- ``start_tune(path)``: runs ``engine.depth.tuner.tune`` on the loaded model (loads ``path`` first if
   it is another model); ``cancel_tune()`` stops it (the result then has ``cancelled=True``).
 - ``scheduler``: the shared scheduler; the local server (``app.server_control``) submits
   its requests there too.
@@ -25,7 +25,7 @@ Signals (emitted from the worker thread, delivered queued to UI objects):
 - ``delta(request_id, text, token_ids, from_draft)``: one engine cycle's new tokens.
 - ``stats(request_id, obj)``: ``PrefillStats`` first, then one ``CycleStats`` per cycle.
 - ``finished(request_id, reason, summary)``: reason is "stop", "length" or "cancelled";
-  ``summary`` is the reply's ``engine.summary.ReplySummary`` (the only source of its tok/s and
+  ``summary`` is the reply's ``engine.metrics.summary.ReplySummary`` (the only source of its tok/s and
   acceptance figures).
 - ``failed(request_id, message)``: the request ended with an error (never both finished and failed).
 - ``server_stats(request_id, obj)`` / ``server_finished(request_id, reason, summary)``: the same
@@ -56,11 +56,11 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 import engine
 from app.errors import describe
-from engine import tuner
-from engine.errors import EngineError
-from engine.decoding.decoder import DEFAULT_STREAMS
-from engine.server.scheduler import (
+from engine.core.scheduler import (
     Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
+from engine.decoding.decoder import DEFAULT_STREAMS
+from engine.depth import tuner
+from engine.errors import EngineError
 from engine.types import Event, SamplingParams
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ __all__ = [
 def __getattr__(name: str):
     # Heavy imports (mlx, transformers) happen only when a model is actually needed.
     if name in ("load", "Model"):
-        from engine import model as _model
+        from engine.models import model as _model
 
         return getattr(_model, name)
     if name == "default_model_path":

@@ -12,7 +12,7 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 MAX_DEPTH = 6  # the deepest draft any cycle makes (the one place this number lives)
 
-# How the MTP head's drafts are drawn at temperature > 0 (engine.drafters explains each).
+# How the MTP head's drafts are drawn at temperature > 0 (engine.decoding.drafters explains each).
 Depth = int | Literal["auto"]  # 0..MAX_DEPTH, or "auto" (the adaptive controller chooses)
 DraftMode = Literal["filtered", "softmax", "argmax"]
 DRAFT_MODES: tuple[DraftMode, ...] = ("filtered", "softmax", "argmax")

@@ -1,6 +1,6 @@
 """A fake Hugging Face Hub for offline tests: stdlib ThreadingHTTPServer on 127.0.0.1.
 
-Serves what huggingface_hub and engine.hub ask for (see PACKAGING_AND_HUB.md):
+Serves what huggingface_hub and engine.hub.client ask for (see PACKAGING_AND_HUB.md):
 ``/api/models/{repo}[/revision/{rev}]``, ``/api/models/{repo}/tree/{rev}``, HEAD/GET
 ``/{repo}/resolve/{rev}/{path}`` with Range support, and Hub-style errors (``X-Error-Code``).
 

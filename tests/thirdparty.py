@@ -86,7 +86,7 @@ def write_mtplx_pack(src: Path, out: Path, *, prequantized: bool = False, bits: 
                      group_size: int = 32) -> Path:
     import mlx.core as mx
 
-    from engine.convert import convert
+    from engine.models.convert import convert
 
     tmp = out.parent / f".{out.name}-trunk"
     convert(src, tmp, bits=4, group_size=group_size)

@@ -149,7 +149,7 @@ class InProcess:
         self.model = engine.load(path)
 
     def reply(self) -> tuple[float, int]:
-        from engine.summary import ReplyTally
+        from engine.metrics.summary import ReplyTally
         from engine.types import SamplingParams
 
         a = self.args

@@ -14,8 +14,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QSizePolicy,
                                QWidget)
 
+from engine.hub.store import Store
 from engine.paths import store_root
-from engine.store import Store
 
 log = logging.getLogger(__name__)
 _OPEN = "__open__"

@@ -28,13 +28,13 @@ from itertools import count
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app.chat.attachments import with_attachments
 from app.chat.conversations import Conversations
 from app.chat.markdown import THINK_CLOSE, THINK_OPEN, strip_think
-from app.chat.attachments import with_attachments
 from app.chat.settings import ChatSettings
 from app.loaded_model import LoadedModel
 from app.worker import GenerationRequest, Worker
-from engine.summary import ReplySummary
+from engine.metrics.summary import ReplySummary
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The line under a reply: tok/s, time to first token, tokens, tokens per cycle, acceptance.
 
-Every figure is read from the reply's ``engine.summary.ReplySummary`` (live, from the worker's
+Every figure is read from the reply's ``engine.metrics.summary.ReplySummary`` (live, from the worker's
 ``finished``) or from what was persisted of it (``ReplySummary.to_dict()`` in the message's
 ``meta["stats"]``); nothing is recomputed here. Rows written by older versions (keys
 ``depth`` and ``acceptance_rate``) still read.
@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.summary import ReplySummary
+from engine.metrics.summary import ReplySummary
 
 
 @dataclass(frozen=True)

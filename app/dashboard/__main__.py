@@ -9,7 +9,7 @@ from PySide6.QtCore import QTimer
 
 from app.dashboard.demo import DEMO_INFO, DemoFeed, demo_memory, demo_tune_result
 from app.dashboard.window import DashboardWindow
-from engine.stats import StatsAggregator
+from engine.metrics.stats import StatsAggregator
 
 
 def _dark_palette(app) -> None:

@@ -3,7 +3,7 @@
 The simulation alternates in-domain replies (high acceptance) and out-of-domain ones (low),
 chooses depths with the real ``AdaptiveDepth`` controller, and times cycles with a cost model
 (a verify forward that grows with depth, a cheap draft). Its tuner table comes from running the
-real ``engine.tuner.tune`` on the same simulated model. Time is virtual: ``--history`` seconds
+real ``engine.depth.tuner.tune`` on the same simulated model. Time is virtual: ``--history`` seconds
 are replayed instantly, then the stream continues in real time. Nothing here touches MLX.
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ import random
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.adaptive import AdaptiveDepth
-from engine.stats import MemorySample, read_memory
-from engine.summary import ReplyTally
+from engine.depth.controller import AdaptiveDepth
+from engine.metrics.stats import MemorySample, read_memory
+from engine.metrics.summary import ReplyTally
 from engine.types import CycleStats, Event, ModelInfo, PrefillStats
 
 IN_DOMAIN = (0.92, 0.84, 0.74)  # conditional acceptance by position
@@ -109,7 +109,7 @@ class DemoFeed(QObject):
 
 
 class SimulatedModel:
-    """Enough of ``engine.Model`` for ``engine.tuner.tune``: a virtual clock and cycles."""
+    """Enough of ``engine.Model`` for ``engine.depth.tuner.tune``: a virtual clock and cycles."""
 
     def __init__(self, seed: int = 1) -> None:
         self.rng = random.Random(seed)
@@ -132,7 +132,7 @@ class SimulatedModel:
 
 
 def demo_tune_result():
-    from engine.tuner import tune
+    from engine.depth.tuner import tune
 
     model = SimulatedModel()
     return tune(model, depths=(1, 2, 3), repeats=3, max_tokens=96, save=False,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from engine.stats import StatsAggregator
-from engine.summary import ReplySummary, ReplyTally
+from engine.metrics.stats import StatsAggregator
+from engine.metrics.summary import ReplySummary, ReplyTally
 from engine.types import CycleStats, Event, PrefillStats
 
 log = logging.getLogger(__name__)

@@ -4,14 +4,14 @@ Slots (connect the worker's signals to them):
 - ``on_stats(request_id, obj)``: ``obj`` is a ``PrefillStats`` or ``CycleStats``; it only goes
   into a ``StatsAggregator`` (microseconds), never straight to the screen.
 - ``on_finished(request_id, reason, summary)``: a reply ended; ``summary`` is its
-  ``engine.summary.ReplySummary``.
+  ``engine.metrics.summary.ReplySummary``.
 - ``on_tune_progress(done, total, message)``, ``on_tune_finished(result)``,
   ``on_tune_failed(message)``: the tuner's run (a ``TunerView``).
 - ``set_model_info(info)`` (None: no model), ``set_tuner_result(result)`` (a ``TuneResult`` or
   its dict).
 
 The reply's own figures (the header, the "At a glance" tokens and tokens per cycle) are read
-from a ``ReplySummary``: while a reply streams, one folded here by ``engine.summary.ReplyTally``
+from a ``ReplySummary``: while a reply streams, one folded here by ``engine.metrics.summary.ReplyTally``
 from its stats; once it ends, the worker's, so they equal the chat's stats line. Session-wide
 figures (speed over time, acceptance by position, the waterfall) come from the
 ``StatsAggregator``.
@@ -37,11 +37,11 @@ from app.dashboard.charts import (
     AMBER, BLUE, GREEN, GREY, RED, BarChart, DepthChart, Gauge, LineChart, Meter, Waterfall,
     band_colour, fmt_bytes,
 )
-from engine import store
-from engine.stats import StatsAggregator, StatsSnapshot
 from app.dashboard.recorder import SessionRecord
 from app.window_state import fit_to_screen
-from engine.summary import ReplySummary
+from engine.hub import store
+from engine.metrics.stats import StatsAggregator, StatsSnapshot
+from engine.metrics.summary import ReplySummary
 from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)

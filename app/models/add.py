@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QLineEdit, QProgr
 
 from app.models.jobs import run_in_pool
 from app.models.panels import VERDICT_COLORS, convert_options, edit_token, fmt_gib, report_html
-from engine import hub
 from engine.errors import EngineError
+from engine.hub import client as hub
 
 
 class AddPanel(QWidget):
@@ -116,7 +116,7 @@ class AddPanel(QWidget):
         self.report_label.setText(report_html(report))
         self.option_combo.clear()
         total = report["machine"]["total_memory_bytes"]
-        from engine.catalog import memory_verdict
+        from engine.hub.catalog import memory_verdict
 
         chosen = 0
         for i, (label, bits, mem) in enumerate(convert_options(report)):
@@ -152,8 +152,8 @@ class AddPanel(QWidget):
 
 def _precheck(repo: str, revision: str, root: Path, free_fn, total_memory) -> dict:
     """Runs on the thread pool: inspect the repo and add disk and memory verdicts."""
-    from engine.catalog import DISK_MARGIN, free_disk, memory_verdict, warning_for
-    from engine.inspection import inspect_repo
+    from engine.hub.catalog import DISK_MARGIN, free_disk, memory_verdict, warning_for
+    from engine.hub.inspection import inspect_repo
 
     report = inspect_repo(repo, revision=revision)
     warn = warning_for(repo)

@@ -45,7 +45,7 @@ class CatalogPanel(QWidget):
 
     def refresh(self, *, store_root, total_memory: int | None = None,
                 free_space=None, machine: dict | None = None) -> None:
-        from engine.catalog import catalog_for_machine
+        from engine.hub.catalog import catalog_for_machine
 
         try:
             cat = catalog_for_machine(store_root=store_root, total_mem=total_memory,

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.models.jobs import DownloadJob
 from app.models.panels import DownloadRow, ask_yes_no, edit_token, fmt_bytes
-from engine.store import Store
+from engine.hub.store import Store
 
 
 class DownloadsPanel(QScrollArea):
@@ -80,7 +80,7 @@ class DownloadsPanel(QScrollArea):
 
     def adopt_incomplete(self, *, start: bool) -> None:
         """List downloads an earlier session left unfinished (and resume them)."""
-        from engine.hub import DownloadProgress
+        from engine.hub.client import DownloadProgress
 
         for r in self.store.list(include_builtin=False):
             if r.status != "incomplete" or not r.repo_id:
@@ -126,12 +126,12 @@ class DownloadsPanel(QScrollArea):
 
 
 def _name(job: DownloadJob) -> str:
-    from engine.store import model_name
+    from engine.hub.store import model_name
 
     return model_name(job.repo_id, revision=job.revision)
 
 
 def _dir_size(path: Path) -> int:
-    from engine.store import dir_size
+    from engine.hub.store import dir_size
 
     return dir_size(path)

@@ -1,5 +1,5 @@
 """The model manager's "On this machine" tab: the models in MTP Chat's folder and those other
-apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.local``), with load, tune,
+apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.hub.local_models``), with load, tune,
 open, import and delete; the model the chat uses is shown in bold. It shows the tuner's run
 (``on_tune_progress``, ``on_tune_finished``, ``on_tune_failed``).
 
@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLab
 from app.models.jobs import run_in_pool
 from app.models.panels import ask_yes_no, fmt_bytes, model_table
 from engine.errors import EngineError
-from engine.store import Store
+from engine.hub.store import Store
 
 log = logging.getLogger(__name__)
 INSTALLED_COLUMNS = ("Name", "Where", "Status", "Size", "Family", "Quantization", "MTP",
@@ -43,7 +43,7 @@ class InstalledPanel(QWidget):
         self.store = store
         self._total_memory = total_memory
         self._scan_external = scan_external
-        self.external: list = []  # models found outside the store (engine.local)
+        self.external: list = []  # models found outside the store (engine.hub.local_models)
         self.installed: list = []
         self.loaded_path: str | None = None
         self._relays: list = []
@@ -144,7 +144,7 @@ class InstalledPanel(QWidget):
         self.refresh()
         if not self._scan_external:
             return
-        from engine.local import external_rows
+        from engine.hub.local_models import external_rows
 
         store, mem = self.store, self._total_memory
         self._relays.append(run_in_pool(
@@ -160,7 +160,7 @@ class InstalledPanel(QWidget):
         r = self.selected_model()
         if not r or not r.external:
             return
-        from engine.local import import_model
+        from engine.hub.local_models import import_model
 
         self.tune_status.setText(f"Importing {r.name}…")
         store = self.store

@@ -1,6 +1,6 @@
 """Background work for the model manager: downloads and Hub pre-checks, off the UI thread.
 
-``DownloadJob`` runs ``engine.pull.pull`` on its own Python thread (so downloads go on while
+``DownloadJob`` runs ``engine.hub.pull.pull`` on its own Python thread (so downloads go on while
 the user chats, whatever window is open) and reports through Qt signals, which Qt delivers
 queued to the UI thread. ``run_in_pool`` runs a short call (a repo pre-check) on the global
 QThreadPool and hands back its result or error message through a signal.
@@ -73,7 +73,7 @@ class DownloadJob(QObject):
         return not self.running
 
     def _run(self) -> None:
-        from engine.pull import pull, release_thread_streams
+        from engine.hub.pull import pull, release_thread_streams
 
         try:
             result = pull(self.repo_id, revision=self.revision, convert_bits=self.convert_bits,

@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderVi
                                QTableWidget, QVBoxLayout, QWidget)
 
 from app.models.jobs import DownloadJob
-from engine import hub
+from engine.hub import client as hub
 
 VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401", "too slow": "#b3261e",
                   "not enough memory": "#d93025", "not enough disk": "#d93025",
@@ -90,7 +90,7 @@ def verdict_chip(verdict: str, parent: QWidget | None = None) -> QLabel:
 def convert_options(report: dict) -> list[tuple[str, int | None, int]]:
     """(label, bits, memory bytes) choices for a checked repo: as published, and conversions
     when the repo is a raw unquantized checkpoint (8-/4-bit shrink the weights ~16/(b+0.5))."""
-    from engine.inspection import memory_needed
+    from engine.hub.inspection import memory_needed
 
     mem = report["memory_needed_bytes"]
     opts: list[tuple[str, int | None, int]] = [("As published", None, mem)]

@@ -3,7 +3,7 @@
 ``SearchPanel`` signals: ``check_requested(str repo_id)`` (show the full pre-download check)
 and ``download_requested(str repo_id, str revision, object bits_or_None, dict option)``.
 
-A query runs :class:`engine.search.HubSearch` on the thread pool; each result's MTP / size /
+A query runs :class:`engine.hub.search.HubSearch` on the thread pool; each result's MTP / size /
 verdict check (safetensors headers only) runs there too and fills its row when it arrives.
 "More results" fetches the next page. Offline, the status line says so and the other tabs
 (the models on this machine) keep working.
@@ -68,7 +68,7 @@ class SearchPanel(QWidget):
     # ------------------------------------------------------------------ searching
     def start_search(self) -> None:
         from engine.errors import HubError
-        from engine.search import HubSearch
+        from engine.hub.search import HubSearch
 
         try:
             self.search = HubSearch(self.query_edit.text(), page_size=self.page_size)
@@ -115,7 +115,7 @@ class SearchPanel(QWidget):
         self.more_button.setEnabled(self.search.more)
 
     def _check(self, seq: int, row: int, result) -> None:
-        from engine.search import check
+        from engine.hub.search import check
 
         mem = self.total_memory
         self._relays.append(run_in_pool(

@@ -35,7 +35,7 @@ from app.models.installed import InstalledPanel
 from app.models.jobs import DownloadJob
 from app.models.panels import STYLE, ask_yes_no, fmt_bytes, fmt_gib
 from app.models.search import SearchPanel
-from engine.store import Store, set_store_root
+from engine.hub.store import Store, set_store_root
 
 ADD_TAB, DOWNLOADS_TAB = 1, 2
 

@@ -4,7 +4,7 @@ Speculative decoding is exact in exact arithmetic; in bfloat16 the verify forwar
 per row) rounds differently from plain decoding's one-token steps, so a near-tie between the
 two best tokens can flip. This measures how often that happens on held-out prompts (the model
 folder's ``heldout_prompts.json``; the demo model ships 64), through ``Model.generate`` only,
-and replays depth 0 step by step (engine/trunk.py on a fresh cache) at each divergence to
+and replays depth 0 step by step (engine/models/trunk.py on a fresh cache) at each divergence to
 print the top-2 logit margin there: a margin within a bfloat16 ulp or two is a near-tie.
 
     python -m engine.bench.bf16_agreement [--model PATH] [--depths 1,2,3] [--max-tokens N]
@@ -100,7 +100,7 @@ def replay_logits(model, ids: list[int], tokens: list[int], position: int) -> np
     """Depth 0 replayed on a fresh cache: the prompt in one prefill forward, then one-token
     steps over ``tokens[:position]``; the float32 view of the logits predicting
     ``tokens[position]``."""
-    from engine.trunk import forward_hidden, lm_head
+    from engine.models.trunk import forward_hidden, lm_head
 
     tm = model.text_model
     cache = model.trunk.make_cache()

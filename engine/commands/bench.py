@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--vocab", type=int, default=248_320, help="vocabulary size for --sampling")
     p.add_argument("--simulate", action="store_true",
                    help="no model: depth auto against every fixed depth per prompt class in "
-                        "the simulator (engine.adaptive_sim), started cold, from a saved "
+                        "the simulator (engine.bench.adaptive_sim), started cold, from a saved "
                         "tuning and carried over from the other class")
     p.add_argument("--context", default=None, metavar="N,N,...", type=_positives,
                    help="long-context mode: prefill and decode tok/s at each context length "
@@ -62,7 +62,7 @@ def add_arguments(p) -> None:
 
 def _run_sampling(args) -> int:
     from engine import SamplingParams
-    from engine.bench import sampling_cost
+    from engine.bench.side_by_side import sampling_cost
 
     params = SamplingParams(temperature=args.temperature or 0.6, top_p=args.top_p,
                             top_k=args.top_k)
@@ -78,7 +78,7 @@ def _run_sampling(args) -> int:
 
 
 def _texts(model, args) -> list[str]:
-    from engine.bench import load_prompt_sets
+    from engine.bench.side_by_side import load_prompt_sets
 
     if args.prompt:
         return list(args.prompt)
@@ -108,7 +108,7 @@ def _stream_counts(text: str) -> str:
 
 
 def _run_context(args, model, depths) -> int:
-    from engine.longbench import context_bench
+    from engine.bench.long_context import context_bench
 
     lengths = [int(x) for x in args.context.split(",") if x.strip()]
     if args.long_max_tokens:
@@ -141,7 +141,7 @@ def _run_context(args, model, depths) -> int:
 
 def _run_reopen(args, depths) -> int:
     from engine import default_model_path, load
-    from engine.longbench import reopen_bench
+    from engine.bench.long_context import reopen_bench
 
     path = args.model or default_model_path()
     texts = _texts(load(path, dtype=args.dtype), args)
@@ -163,8 +163,8 @@ def _run_reopen(args, depths) -> int:
 
 
 def _run_simulate(args) -> int:
-    from engine.adaptive_sim import WORKLOADS, format_table, table
-    from engine.adaptive_traces import workloads as recorded
+    from engine.bench.adaptive_sim import WORKLOADS, format_table, table
+    from engine.bench.adaptive_traces import workloads as recorded
 
     rows = table(workloads=WORKLOADS + tuple(recorded()), max_tokens=args.max_tokens)
     if args.json:
@@ -172,8 +172,8 @@ def _run_simulate(args) -> int:
         print(json.dumps([{k: r[k] for k in keep} for r in rows], indent=1))
         return 0
     print(f"simulated replies of up to {args.max_tokens} tokens, 4 runs x 20 replies per row "
-          "(engine.adaptive_sim; recorded-*: replies replaying the demo model's recorded "
-          "cycles, engine.adaptive_traces)")
+          "(engine.bench.adaptive_sim; recorded-*: replies replaying the demo model's recorded "
+          "cycles, engine.bench.adaptive_traces)")
     print(format_table(rows))
     return 0
 
@@ -189,11 +189,11 @@ def run(args) -> int:
         return _run_reopen(args, [parse_depth(d.strip()) for d in args.depths.split(",")
                                   if d.strip()])
     if args.prompts:
-        from engine.bench import read_prompt_file
+        from engine.bench.side_by_side import read_prompt_file
 
         read_prompt_file(args.prompts)  # a bad file is refused before the model loads
     from engine import SamplingParams, default_model_path, load
-    from engine.bench import load_prompt_sets, mixed_prompt_sets, run_bench
+    from engine.bench.side_by_side import load_prompt_sets, mixed_prompt_sets, run_bench
     from engine.commands.generate import parse_depth
     from engine.sysinfo import system_info
 
@@ -204,7 +204,7 @@ def run(args) -> int:
     if args.context:
         return _run_context(args, model, [d for d in depths if d != "auto"])
     if args.streams:
-        from engine.streambench import run_streams
+        from engine.bench.streams import run_streams
 
         return run_streams(args, model, depths, _texts(model, args))
     if args.prompt:

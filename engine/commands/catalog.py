@@ -11,7 +11,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from engine.catalog import catalog_for_machine
+    from engine.hub.catalog import catalog_for_machine
 
     cat = catalog_for_machine(store_root=args.models_dir)
     if args.json:

@@ -16,8 +16,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from engine.convert import convert
-    from engine.model import load
+    from engine.models.convert import convert
+    from engine.models.model import load
 
     def progress(frac: float, msg: str) -> None:
         if not args.json:

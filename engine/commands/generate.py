@@ -122,9 +122,9 @@ class EmptyThinkFilter:
 
 def json_report(tally, *, trace: bool = False) -> dict:
     """``generate --json``: the reply and its ``ReplySummary`` figures. Acceptance by position
-    comes in both kinds (``engine.summary``): ``acceptance_rate_by_position`` (accepted /
+    comes in both kinds (``engine.metrics.summary``): ``acceptance_rate_by_position`` (accepted /
     drafted) and ``conditional_acceptance_by_position`` (accepted / reached)."""
-    from engine.summary import round_rates
+    from engine.metrics.summary import round_rates
 
     s = tally.summary()
     d = {"token_ids": tally.token_ids, "text": tally.text, "finish_reason": s.finish_reason,
@@ -148,7 +148,7 @@ def json_report(tally, *, trace: bool = False) -> dict:
 
 def run(args) -> int:
     from engine import SamplingParams, default_model_path, load
-    from engine.summary import ReplyTally
+    from engine.metrics.summary import ReplyTally
 
     model = load(args.model or default_model_path(), dtype=args.dtype)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -45,7 +45,7 @@ def _local_folder(target: str) -> Path | None:
     if "/" in target or ":" in target:
         return None
     from engine.errors import ModelLoadError
-    from engine.store import resolve_model
+    from engine.hub.store import resolve_model
 
     try:
         return resolve_model(target)
@@ -54,14 +54,14 @@ def _local_folder(target: str) -> Path | None:
 
 
 def run(args) -> int:
-    from engine.inspection import inspect_local, inspect_repo
+    from engine.hub.inspection import inspect_local, inspect_repo
 
     local = _local_folder(args.target)
     if local is not None:
         report = inspect_local(local)
     else:
-        from engine.catalog import warning_for
-        from engine.hub import parse_repo_ref
+        from engine.hub.catalog import warning_for
+        from engine.hub.client import parse_repo_ref
 
         repo_id, url_rev = parse_repo_ref(args.target)
         report = inspect_repo(repo_id, revision=args.revision or url_rev or "main",

@@ -32,12 +32,12 @@ def _line(r) -> str:
 
 
 def run(args) -> int:
-    from engine.store import Store
+    from engine.hub.store import Store
 
     store = Store(args.models_dir)
     rows = store.list()
     if not args.no_scan:
-        from engine.local import external_rows
+        from engine.hub.local_models import external_rows
 
         rows += external_rows(store)
     if args.json:

@@ -61,9 +61,9 @@ def _printer(as_json: bool):
 
 
 def run(args) -> int:
-    from engine.hub import parse_repo_ref
-    from engine.pull import pull, release_thread_streams
-    from engine.store import Store
+    from engine.hub.client import parse_repo_ref
+    from engine.hub.pull import pull, release_thread_streams
+    from engine.hub.store import Store
 
     repo_id, url_rev = parse_repo_ref(args.repo)
     revision = args.revision or url_rev or "main"

@@ -15,12 +15,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from engine.errors import StoreError
-    from engine.store import Store
+    from engine.hub.store import Store
 
     store = Store(args.models_dir)
     row = store.find(args.name)
     if row is None:
-        from engine.local import find_external, refuse_delete
+        from engine.hub.local_models import find_external, refuse_delete
 
         outside = find_external(args.name, store)
         if outside is not None:

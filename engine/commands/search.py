@@ -30,7 +30,7 @@ def _row(r) -> str:
 
 def run(args) -> int:
     from engine.errors import HubError
-    from engine.search import HubSearch, check_all
+    from engine.hub.search import HubSearch, check_all
 
     if args.page < 1:
         raise HubError(f"--page must be 1 or more, not {args.page}")

@@ -99,7 +99,7 @@ def _resolve_model(name: str | None) -> str:
         return str(default_model_path())
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser())
-    from engine.store import Store
+    from engine.hub.store import Store
 
     row = Store().get(name)
     if row is None:
@@ -112,9 +112,9 @@ def run(args) -> int:
     import os
 
     from engine.commands.generate import parse_depth
+    from engine.core.scheduler import Scheduler
     from engine.server.guard import ORIGINS_ENV, Perimeter, parse_origins
     from engine.server.runner import Server, is_loopback
-    from engine.server.scheduler import Scheduler
 
     if not is_loopback(args.host) and not args.api_key:
         print(f"error: refusing to serve on {args.host} without --api-key: anyone who can "

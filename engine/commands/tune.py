@@ -5,7 +5,7 @@ import json
 import sys
 import threading
 
-from engine.tuner import DEPTHS
+from engine.depth.tuner import DEPTHS
 
 HELP = "measure depth 0 against depths 1..N on this machine and save the fastest (if any wins)"
 
@@ -49,7 +49,7 @@ def _progress(done: int, total: int, message: str) -> None:
 
 def run(args) -> int:
     import engine
-    from engine.tuner import tune
+    from engine.depth.tuner import tune
     from engine.types import SamplingParams
 
     path = args.model or str(engine.default_model_path())

@@ -13,9 +13,10 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 
-from engine import diskcache, store
-from engine.adaptive import AdaptiveDepth, carry_over
-from engine.session import PromptCache, Session, Snapshot
+from engine.decoding import diskcache
+from engine.decoding.session import PromptCache, Session, Snapshot
+from engine.depth.controller import AdaptiveDepth, carry_over
+from engine.hub import store
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class Carryover:
     controller; 1 is a lone stream's (shared by ``Model.generate`` and the scheduler)."""
 
     prompt_cache: PromptCache = field(default_factory=PromptCache)
-    disk_cache: object | None = None   # engine.diskcache.DiskPromptCache | None
+    disk_cache: object | None = None   # engine.decoding.diskcache.DiskPromptCache | None
     controllers: dict[int, AdaptiveDepth] = field(default_factory=dict)
 
     @classmethod

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import candidates, grammar, sampling
 from engine.decoding import draw
+from engine.decoding.drafters import Proposal
 from engine.decoding.plan import Cycle, Group, RowResult
 from engine.decoding.stream import Row, Stream
-from engine.drafters import Proposal
+from engine.sampling import candidates, exact as sampling, grammar
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Verdict:
 def accept(row: Row, proposal: Proposal | None, logits: mx.array, *,
            key: mx.array | None = None, dense: bool = False) -> Verdict:
     """Exact acceptance of ``proposal``'s drafts against the verify rows ``logits`` [k+1, V].
-    Top-k sampling runs on the compact candidates (``engine.candidates``) unless ``dense``."""
+    Top-k sampling runs on the compact candidates (``engine.sampling.candidates``) unless ``dense``."""
     params, counts = row.params, row.reply.counts
     drafts = proposal.tokens if proposal else mx.zeros((0,), dtype=mx.int32)
     rows = None if counts is None else sampling.history_counts(counts, drafts)

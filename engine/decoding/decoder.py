@@ -6,7 +6,7 @@ Each ``step()`` is ``admit_step()`` then ``cycle_step()``:
 
 1. admission (``admission``): cancelled streams end (their state goes to the prompt cache);
    one prefill chunk of the stream at the head of the line; a stream whose prompt is done
-   draws its first token and joins the batch (``engine.batch.Batch.join``);
+   draws its first token and joins the batch (``engine.decoding.batch_caches.Batch.join``);
 2. one cycle over every joined row: the plain pipeline (``plain``) when every row decodes at
    depth 0 with its tokens drawn on the device, else the speculative cycle (``speculative``:
    propose → verify → accept → one host sync); then, the same for both, the rows' tokens are
@@ -28,16 +28,16 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from engine.batch import Batch
 from engine.decoding import draw, output, plain, speculative
 from engine.decoding.admission import Admission
+from engine.decoding.batch_caches import Batch
 from engine.decoding.checks import check_prompt, check_request
+from engine.decoding.drafters import Drafter
 from engine.decoding.plan import Cycle, RowResult
+from engine.decoding.reply import Reply
 from engine.decoding.stream import Row, Stream, new_id
-from engine.drafters import Drafter
 from engine.errors import GenerationError
-from engine.grammar import Constraint
-from engine.reply import Reply
+from engine.sampling.grammar import Constraint
 from engine.types import Depth, DraftMode, Event, SamplingParams
 
 DEFAULT_STREAMS = 8

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from engine import candidates, grammar, sampling
-from engine.grammar import Constraint
-from engine.reply import Reply
+from engine.decoding.reply import Reply
+from engine.sampling import candidates, exact as sampling, grammar
+from engine.sampling.grammar import Constraint
 from engine.types import FinishReason, SamplingParams
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine.batch import Batch, BatchVerified
 from engine.decoding import draw
+from engine.decoding.batch_caches import Batch, BatchVerified
 from engine.decoding.plan import Cycle, RowResult
 from engine.decoding.stream import Stream
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine import candidates
-from engine.adaptive import AdaptiveDepth
-from engine.batch import BatchVerified
-from engine.drafters import Proposal
+from engine.decoding.batch_caches import BatchVerified
+from engine.decoding.drafters import Proposal
+from engine.depth.controller import AdaptiveDepth
+from engine.sampling import candidates
 from engine.types import SamplingParams
 
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine import candidates, grammar
-from engine.batch import Batch
+from engine.decoding.batch_caches import Batch
+from engine.decoding.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
 from engine.decoding.plan import Cycle, Group
 from engine.decoding.stream import Row
-from engine.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
+from engine.sampling import candidates, grammar
 from engine.types import SamplingParams
 
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from engine.adaptive import AdaptiveDepth
-from engine.batch import Batch
 from engine.decoding import acceptance, proposer
+from engine.decoding.batch_caches import Batch
 from engine.decoding.plan import Cycle, RowResult
 from engine.decoding.stream import Stream
+from engine.depth.controller import AdaptiveDepth
 
 
 def depths(streams: list[Stream], controller: AdaptiveDepth | None

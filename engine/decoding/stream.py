@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine.drafters import Drafter
-from engine.grammar import Constraint
-from engine.reply import Reply
-from engine.session import Session, Snapshot
+from engine.decoding.drafters import Drafter
+from engine.decoding.reply import Reply
+from engine.decoding.session import Session, Snapshot
+from engine.sampling.grammar import Constraint
 from engine.types import Depth, DraftMode, SamplingParams
 
 _ids = itertools.count(1)
@@ -30,7 +30,7 @@ class Row:
     params: SamplingParams
     keys: Iterator[mx.array]        # a fresh random key per use, in a fixed order (seeded)
     drafter: Drafter | None = None  # None: the batch drafts with the MTP head
-    constraint: Constraint | None = None  # structured output (``engine.grammar``)
+    constraint: Constraint | None = None  # structured output (``engine.sampling.grammar``)
     draft_mode: DraftMode = "filtered"
 
     @property

@@ -3,7 +3,7 @@
 ``branch()`` is, in order: what ``set_branch`` / ``use_branch`` forced (tests), else the
 environment variable ``MTPCHAT_DEVICE_BRANCH`` (``cpu`` or ``metal``; read once, on the first
 call, and again by ``reload_env()``), else ``"cpu"`` when ``mx.default_device()`` is the CPU and
-``"metal"`` otherwise. engine/trunk.py and engine/mtp.py read it once per forward
+``"metal"`` otherwise. engine/models/trunk.py and engine/models/mtp.py read it once per forward
 (``forward_hidden``, ``MTPHead.__call__``) and pass it down; their per-layer functions read it
 themselves only when called on their own (tests). Nothing else in the engine depends on it.
 
@@ -42,7 +42,7 @@ Metal is available (and the key head dim is a multiple of 32); anywhere else -- 
 MLX GPU without Metal -- it falls back by itself to ``gated_delta_ops``, the same
 ``_gated_delta_step_ops`` the CPU branch calls, with the gates computed per token. So on a CPU
 ``"metal"`` runs the non-CPU code path with ops instead of the kernel, and gives the CPU
-branch's results (bit for bit on the test models, tests/engine/test_device_branch.py): the
+branch's results (bit for bit on the test models, tests/engine/models/test_device_branch.py): the
 exactness tests run on both branches there (tests/engine/conftest.py). Forcing ``"cpu"`` on a
 GPU runs the compiled functions on the GPU; they are traced on the device in use when first
 called, so switch devices only before a model's first forward.

@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
         return getattr(runner, name)
     if name in ("Scheduler", "GenRequest"):
-        from engine.server import scheduler
+        from engine.core import scheduler
 
         return getattr(scheduler, name)
     raise AttributeError(f"module 'engine.server' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from engine.server import sse
 from engine.server.common import Backend, Generation, mtp_headers, mtp_stats, new_id
 from engine.server.errors import bad_request
 from engine.server.openai_api import constraint_of, gen_request, read_json
-from engine.server.reply import ReplyParser, collect
+from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
 from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
 

@@ -14,10 +14,10 @@ Contract:
   ``gen.close()`` cancels the generation if it has not finished (call it in ``finally``).
   A client that goes away raises ``ClientGone`` (an ``ApiError``: no traceback, one info
   line). A reply that ends without finishing raises ``ApiError`` from ``events()`` instead of
-  ending like a finished one: the grammar failed mid-reply (400, ``engine.grammar``), or the
+  ending like a finished one: the grammar failed mid-reply (400, ``engine.sampling.grammar``), or the
   server cancelled it (503: it is draining or changed models).
 - ``mtp_stats(summary, depth)`` / ``mtp_headers(...)``: the ``"mtp"`` extension object and
-  ``x-mtp-*`` headers, all figures from ``engine.summary.ReplySummary``.
+  ``x-mtp-*`` headers, all figures from ``engine.metrics.summary.ReplySummary``.
 """
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.errors import PromptTooLongError
-from engine.server.errors import ApiError, bad_request, from_engine_error
-from engine.server.scheduler import (
+from engine.core.scheduler import (
     Done, Failed, GenRequest, QueueFull, Scheduler, SchedulerClosed, Started)
-from engine.summary import ReplySummary
+from engine.errors import PromptTooLongError
+from engine.metrics.summary import ReplySummary
+from engine.server.errors import ApiError, bad_request, from_engine_error
 from engine.types import MAX_DEPTH, Depth, Event, ModelInfo, SamplingParams
 
 log = logging.getLogger(__name__)

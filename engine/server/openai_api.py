@@ -10,10 +10,10 @@ Contract (SERVER.md; where it is silent, what the official ``openai`` client exp
   thinking switch (``chat_template_kwargs.enable_thinking`` or top-level ``enable_thinking``,
   or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format``
   ``json_object`` / ``json_schema`` constrains the reply with a token mask applied to every
-  drawn token, drafts included (``engine.grammar``), so it stays exact under speculation;
+  drawn token, drafts included (``engine.sampling.grammar``), so it stays exact under speculation;
   thinking is off for such a request (the grammar starts at the answer). The schema is
   compiled on a worker thread (never the event loop or the decoding thread), within
-  ``COMPILE_S``; one that cannot be compiled, is over ``engine.grammar``'s size limits or
+  ``COMPILE_S``; one that cannot be compiled, is over ``engine.sampling.grammar``'s size limits or
   admits no document is a 400; a grammar that fails mid-reply is a 400 (a stream: a final
   ``data: {"error": ...}`` chunk), never a ``stop``. ``logprobs`` / ``top_logprobs`` are a 400
   (not supported). The body is strict JSON: ``NaN`` / ``Infinity`` and nesting past the
@@ -38,15 +38,15 @@ from dataclasses import replace
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from engine import grammar
+from engine.core.scheduler import GenRequest
 from engine.errors import GenerationError
+from engine.sampling import grammar
 from engine.server import sse
 from engine.server.common import (
     Backend, Generation, mtp_headers, mtp_stats, new_id, number, sampling_from, seed_of,
     stop_strings)
 from engine.server.errors import ApiError, bad_request
-from engine.server.reply import ReplyParser, collect
-from engine.server.scheduler import GenRequest
+from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
 from engine.server.toolcalls import ToolArgs, ToolStart, schemas_of
 
@@ -256,7 +256,7 @@ async def list_models(request: Request) -> JSONResponse:
 
 def _installed_names() -> list[str]:
     try:
-        from engine.store import Store
+        from engine.hub.store import Store
 
         return [r.name for r in Store().list(include_incomplete=False) if r.loadable]
     except Exception:  # noqa: BLE001 - an unreadable store only shortens the list

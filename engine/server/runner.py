@@ -34,11 +34,11 @@ from dataclasses import replace
 
 import uvicorn
 
+from engine.core.scheduler import Scheduler
 from engine.server import connections
 from engine.server.app import build_app
 from engine.server.common import Backend
 from engine.server.guard import Perimeter
-from engine.server.scheduler import Scheduler
 from engine.types import Depth
 
 log = logging.getLogger(__name__)

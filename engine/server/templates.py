@@ -8,7 +8,7 @@ Contract: both APIs first turn their requests into *template messages* — dicts
 
 - no tools and no tool turns: ``Model.chat_ids`` (exactly what the chat window and ``engine
   generate --chat`` send, so outputs and the prompt cache line up);
-- a template that knows tools (Qwen3.5/3.6, Qwen3): ``engine.chat_template.chat_ids`` with
+- a template that knows tools (Qwen3.5/3.6, Qwen3): ``engine.models.chat_template.chat_ids`` with
   ``tools=`` (the same Jinja sandbox and the same bounded tokenizing ``Model.chat_ids`` uses);
 - a template that does not (the embedded demo model): the Qwen3.5 layout written out here —
   a ``# Tools`` system section, calls as ``<tool_call>`` XML in the assistant turn, results
@@ -102,7 +102,7 @@ def chat_prompt_ids(model, messages: list[dict], *, tools: list[dict] | None = N
     if not template_knows_tools(model):
         return list(model.chat_ids(_written_out(messages, tools or []),
                                    enable_thinking=enable_thinking))
-    from engine.chat_template import chat_ids
+    from engine.models.chat_template import chat_ids
 
     limit, context = _limits(model)
     return chat_ids(model.tokenizer, messages, enable_thinking=enable_thinking,
@@ -119,8 +119,8 @@ def _limits(model) -> tuple[int | None, int | None]:
 def text_prompt_ids(model, text: str) -> list[int]:
     """A raw completion prompt, tokenized as ``engine generate --prompt`` does, in bounded
     memory: over the model's limit it raises ``PromptTooLongError`` before tokenizing all
-    of it (``engine.prompt_limits``)."""
-    from engine.prompt_limits import encode_bounded
+    of it (``engine.models.prompt_limits``)."""
+    from engine.models.prompt_limits import encode_bounded
 
     tok = getattr(model, "tokenizer", None)
     if tok is None:

@@ -432,7 +432,7 @@ def test_view_menu_opens_the_other_windows(qtbot, win):
 
 
 def test_tuning_is_wired_to_the_dashboard_and_models_window(qtbot, win, monkeypatch):
-    from engine import tuner
+    from engine.depth import tuner
 
     def fake_tune(model, *, depths, progress, cancel):
         progress(1, 2, "depth 0")
@@ -484,8 +484,8 @@ def test_controls_have_accessible_names(qtbot, win):
 
 def test_signals_queued_after_close_are_ignored(qtbot, tmp_path):
     """Quitting while the model loads: its 'loaded' arrives after the database is closed."""
-    from app.fake.engine import make_fake_loader
     from app.chat.main_window import MainWindow
+    from app.fake.engine import make_fake_loader
 
     (tmp_path / "m").mkdir()
     w = MainWindow(model_path=str(tmp_path / "m"), db_file=tmp_path / "db",

@@ -34,8 +34,8 @@ def make_cycle(i: int, depth: int, accepted: int, t: float = 0.02):
 
 @pytest.fixture
 def window(qtbot):
-    from app.dashboard.window import DashboardWindow
     from app.dashboard.demo import DEMO_INFO
+    from app.dashboard.window import DashboardWindow
 
     w = DashboardWindow()
     qtbot.addWidget(w)
@@ -89,7 +89,7 @@ def test_stream_of_stats_updates_without_blocking(qtbot, window, emitter):
 
     from dataclasses import replace
 
-    from engine.summary import summarize
+    from engine.metrics.summary import summarize
 
     emitter.finished.emit(1, "stop", replace(summarize([]), tokens=1234, finish_reason="stop"))
     qtbot.waitUntil(lambda: window.status.text() == "idle", timeout=3000)
@@ -106,7 +106,7 @@ def test_other_objects_are_ignored(qtbot, window):
 
 
 def test_tuner_result_table_and_chart(qtbot, window, tmp_path):
-    from engine.tuner import TuneResult, TuneRow
+    from engine.depth.tuner import TuneResult, TuneRow
 
     rows = (TuneRow(0, 50.0, 1.0, (), (), 1.0, 20.0, (50.0,), 100),
             TuneRow(1, 70.0, 1.4, (0.8,), (0.8,), 1.8, 25.0, (70.0,), 100),
@@ -144,9 +144,9 @@ def test_tune_button_requests_and_cancels(qtbot, window):
 def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from app.dashboard.window import DashboardWindow
     from app.dashboard.demo import DEMO_INFO, demo_tune_result
-    from engine import store
+    from app.dashboard.window import DashboardWindow
+    from engine.hub import store
 
     monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path))
     result = demo_tune_result()
@@ -163,9 +163,9 @@ def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
 
 
 def test_demo_feed_drives_the_window(qtbot):
-    from app.dashboard.window import DashboardWindow
     from app.dashboard.demo import DemoFeed, demo_tune_result
-    from engine.stats import StatsAggregator
+    from app.dashboard.window import DashboardWindow
+    from engine.metrics.stats import StatsAggregator
 
     feed = DemoFeed(seed=1)
     w = DashboardWindow(aggregator=StatsAggregator(clock=feed.clock, memory_probe=None))
@@ -199,7 +199,7 @@ def test_real_engine_events_reach_the_dashboard(qtbot, tmp_path):
     """A tiny random model decoding with depth="auto": its real stats drive the window."""
     import engine
     from app.dashboard.window import DashboardWindow
-    from engine.summary import ReplyTally
+    from engine.metrics.summary import ReplyTally
     from tests.tinymodels import build_tiny_model
 
     model = engine.load(build_tiny_model(tmp_path / "tiny", seed=5))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from engine.store import Store
+from engine.hub.store import Store
 from tests.fakehub import FakeHub, FakeRepo, point_hf_at
 from tests.localdisk import make_hf_cache, make_lmstudio, point_at
 from tests.tinymodels import build_tiny_model

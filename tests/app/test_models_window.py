@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel
 
-from engine.store import Store
+from engine.hub.store import Store
 from tests.fakehub import VALID_TOKEN, FakeHub, point_hf_at, tiny_repos
 
 pytestmark = pytest.mark.gui
@@ -158,7 +158,7 @@ def test_gated_download_explains_the_token_then_retry_works(qtbot, fake, make_wi
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: (VALID_TOKEN, True))
     _click(qtbot, row.buttons["token"])  # asks for the token, saves it, retries
     _wait_installed(qtbot, w, job, "tiny--gated")
-    from engine import hub
+    from engine.hub import client as hub
 
     assert hub.saved_token() == VALID_TOKEN
 
@@ -204,7 +204,7 @@ def test_installed_list_load_tune_delete(qtbot, fake, make_window, monkeypatch):
 
 def test_unfinished_download_is_resumed_when_the_window_opens(qtbot, fake, repos, make_window,
                                                               tmp_path):
-    from engine.download import Downloader
+    from engine.hub.download import Downloader
 
     store = Store(tmp_path / "models")
     cancel = threading.Event()

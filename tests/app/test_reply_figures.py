@@ -1,5 +1,5 @@
 """One reply, one set of figures: the chat's stats line, the dashboard (header and "At a
-glance"), ``generate --json``'s report and ``engine.summary`` give the same tok/s, acceptance
+glance"), ``generate --json``'s report and ``engine.metrics.summary`` give the same tok/s, acceptance
 rate and token counts; and the
 loaded model is the same in every view, also after a failed load."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from app.fake.engine import FakeModel, make_fake_loader
-from engine.errors import UnsupportedModelError
-from engine.resources import default_model_path
 from engine.commands.generate import json_report
-from engine.summary import ReplyTally, summarize
+from engine.errors import UnsupportedModelError
+from engine.metrics.summary import ReplyTally, summarize
+from engine.resources import default_model_path
 from engine.types import CycleStats, Event, PrefillStats
 from tests.app.chat_fixtures import Relay, make_window, send
 

@@ -196,7 +196,7 @@ def test_template_opened_think_block_is_shown(qtbot, env):
 
 def test_tune_reports_progress_then_result(qtbot, env, monkeypatch):
     worker, _fake, relay = env
-    from engine import tuner
+    from engine.depth import tuner
 
     def fake_tune(model, *, depths, progress, cancel):
         assert depths == tuner.DEPTHS  # the same depths as `engine tune` (one tuner)
@@ -214,7 +214,7 @@ def test_tune_reports_progress_then_result(qtbot, env, monkeypatch):
 
 def test_tune_error_becomes_tune_failed(qtbot, env, monkeypatch):
     worker, _fake, relay = env
-    from engine import tuner
+    from engine.depth import tuner
 
     def broken(model, *, depths, progress, cancel):
         raise GenerationError("This model has no MTP head.")
@@ -245,7 +245,7 @@ def test_chat_and_other_clients_share_the_scheduler_in_order(qtbot, env):
     chat's."""
     from PySide6.QtCore import QObject, Slot
 
-    from engine.server.scheduler import Done, GenRequest
+    from engine.core.scheduler import Done, GenRequest
 
     class Dash(QObject):
         def __init__(self):
@@ -278,7 +278,7 @@ def test_chat_and_other_clients_share_the_scheduler_in_order(qtbot, env):
 
 
 def test_cancel_of_a_queued_chat_reply_behind_a_server_request(qtbot, env):
-    from engine.server.scheduler import GenRequest
+    from engine.core.scheduler import GenRequest
 
     worker, fake, relay = env
     _load(qtbot, worker, relay)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine import grammar, sampling
-from engine.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
-from engine.session import Session
-from engine.trunk import forward_hidden, lm_head
+from engine.decoding.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
+from engine.decoding.session import Session
+from engine.models.trunk import forward_hidden, lm_head
+from engine.sampling import exact as sampling, grammar
 
 
 def _head(session: Session, hidden: mx.array, tokens: mx.array) -> mx.array:

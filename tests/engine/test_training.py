@@ -250,9 +250,9 @@ def test_training_is_deterministic_across_processes(tmp_path):
 
 def _engine_or_skip():
     try:
-        import engine.model  # noqa: F401
+        import engine.models.model  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"engine.model is not importable yet ({exc})")
+        pytest.skip(f"engine.models.model is not importable yet ({exc})")
     import engine
 
     return engine

@@ -36,7 +36,7 @@ def test_load_refuses_a_shard_outside_the_folder(bases, tmp_path):
 
 
 def test_store_lists_no_partial_or_broken_folder_as_loadable(bases, tmp_path):
-    from engine.store import Store
+    from engine.hub.store import Store
 
     st = Store(tmp_path / "models")
     shutil.copytree(bases["tiny"], st.staging_path("org--downloading"))
@@ -56,8 +56,8 @@ def test_store_lists_no_partial_or_broken_folder_as_loadable(bases, tmp_path):
 
 
 def test_resolver_and_mark_used(bases, tmp_path, monkeypatch):
-    from engine import store
-    from engine.store import Store
+    from engine.hub import store
+    from engine.hub.store import Store
     from tests.reliability.conftest import _install
 
     monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))

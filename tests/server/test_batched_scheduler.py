@@ -9,10 +9,10 @@ import time
 import pytest
 
 from engine import SamplingParams
-from engine.server.scheduler import Done, Failed, GenRequest, Scheduler, Started
-from engine.types import Event
 from engine.core.carryover import carryover_of
-from tests.engine.test_decode import prompts
+from engine.core.scheduler import Done, Failed, GenRequest, Scheduler, Started
+from engine.types import Event
+from tests.engine.decoding.test_decode import prompts
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,9 +8,9 @@ import threading
 import httpx
 import pytest
 
-from engine.server.runner import Server
-from engine.server.scheduler import (
+from engine.core.scheduler import (
     Done, Failed, GenRequest, QueueFull, Scheduler, SchedulerClosed, Started)
+from engine.server.runner import Server
 from engine.types import Event
 from tests.server.fakes import ScriptedModel
 

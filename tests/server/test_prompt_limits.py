@@ -1,6 +1,6 @@
 """A long prompt is refused before it is tokenized whole, in bounded memory, and never stalls
-another request's stream (issue 27, items 1 and 4; engine.prompt_limits has its own tests in
-tests/engine/test_prompt_limits.py).
+another request's stream (issue 27, items 1 and 4; engine.models.prompt_limits has its own tests in
+tests/engine/models/test_prompt_limits.py).
 
 A real ``engine serve`` process under an address-space cap (a crash fails the test, not the
 machine): a 24 MB prompt to the raw completion, chat and ``count_tokens`` routes is a 400 with
@@ -120,7 +120,7 @@ def test_tokenizing_a_request_never_waits_for_decoding_nor_decoding_for_it(refer
     """A request's rendering holds the tokenizer for 3 s (as a 20 MB prompt did): a reply
     decoding meanwhile runs to its end before that rendering returns. (The old scheduler
     rendered under the decode lock: the reply waited the whole 3 s.)"""
-    from engine.server.scheduler import Done, GenRequest, Scheduler
+    from engine.core.scheduler import Done, GenRequest, Scheduler
 
     s = Scheduler(model=reference, max_streams=8).start()
     try:

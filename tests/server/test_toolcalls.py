@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.server.reasoning import ThinkSplitter
-from engine.server.reply import ReplyParser, collect
+from engine.server.reply_parts import ReplyParser, collect
 from engine.server.toolcalls import (
     Text, ToolArgs, ToolCallParser, ToolEnd, ToolStart, convert_value, parse_tool_calls,
     schemas_of)

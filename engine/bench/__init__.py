@@ -1,0 +1,1 @@
+"""Benchmarks: side by side, long context, streams, server load, depth simulation."""

@@ -1,0 +1,422 @@
+"""One model, one worker thread, a bounded FIFO of generation requests.
+
+Contract:
+- ``Scheduler(loader=...)`` (a no-argument callable returning a model; called on the worker
+  thread, so the thread that loads the model is the one that runs it — MLX streams are
+  thread-local) or ``Scheduler(model=...)`` (an already-built model handed over for good, e.g.
+  a scripted fake). ``start()`` starts the worker; ``wait_ready()`` returns the model's
+  ``ModelInfo`` or raises the loader's error.
+- ``submit(GenRequest, sink)`` queues a request (a plain frozen dataclass) or raises
+  ``QueueFull`` when ``max_queue`` requests of the same ``client`` already wait. ``sink(item)`` is called on the
+  worker thread for each item of that request, in order: ``engine.types.Event`` objects
+  (exactly what ``Model.generate`` yields, the last one carrying ``finish_reason``), then a
+  final ``Done(summary)`` with the reply's ``engine.metrics.summary.ReplySummary``, or ``Failed(exc)``.
+  Exactly one ``Done``/``Failed`` ends every accepted request, cancelled ones included.
+- Cancellation: set ``request.cancel``; a queued request never starts, a running one ends
+  within one cycle with ``finish_reason == "cancelled"``.
+- The generator is always run to exhaustion (never closed early): the engine stores the
+  decode state after the reply only then, and that is what lets the next request that
+  extends this conversation skip re-prefilling it (the prompt cache).
+- ``with_tokenizer(fn)`` runs ``fn(view)`` on the calling thread, ``view`` being the model's
+  ``prompt_view()`` (``engine.models.model.PromptView``: its own tokenizer copy): prompt rendering
+  and token counting happen off the worker and never stall a decode step, however long the
+  prompt (a fake model without ``prompt_view`` runs while no cycle runs instead: the worker
+  holds the same lock around each step of the generator).
+- ``drain(grace_s)`` stops accepting requests and cancels whatever still runs after
+  ``grace_s``; ``stop()`` cancels everything and joins the worker.
+
+Hosting (the app): ``Scheduler.hosted(wake)`` starts no thread. The host thread (the app's
+worker QThread, which loads the models) hands each model over with ``set_model(model)``
+(``None`` while none is loaded) and calls ``run_next()`` whenever ``wake()`` was called (from
+any thread, once per accepted request): it runs the request at the head of the queue on the
+calling thread and returns. Chat replies and server requests then share one FIFO and one
+thread. A request may carry ``render(model) -> prompt ids`` instead of ``prompt_ids``: it runs
+on the worker just before the request starts (a chat reply is rendered with the model that
+will run it). Swapping the model cancels the waiting requests that were rendered for the old
+one (``prompt_ids`` given); requests with ``render`` wait for the new one.
+
+``GenRequest.client`` names who asked ("server" by default, "chat" for the app's replies);
+``count(client)`` is how many of that client's requests wait or run, ``cancel_all(client)``
+and ``drain(grace_s, client=...)`` act on one client only (a server sharing the app's
+scheduler drains its own requests and leaves the chat's alone). ``add_observer(fn)`` calls
+``fn(request, item)`` on the worker thread after each item's sink (the app's dashboard
+watches server requests this way).
+
+Decoding: every request, alone or not, runs through the decoder the model makes
+(``model.decoder(max_streams=...)``: the engine's ``BatchDecoder``, or a scripted fake's
+stand-in with the same protocol: ``add``, ``admit_step``, ``cycle_step``, ``busy``, ``room``).
+Up to ``max_streams`` requests decode together: they join between cycles after their prefill
+and leave when they finish, each with its own sampling, seed, depth and cancel flag, and every
+sink sees exactly what it would see alone (the same ``Event`` stream, then ``Done``).
+``run_next`` runs until the decoder is empty (requests that arrive meanwhile join it).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.metrics.summary import ReplySummary, ReplyTally
+from engine.types import Depth, Event, ModelInfo, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """``max_queue`` requests are already waiting."""
+
+
+class SchedulerClosed(Exception):
+    """The scheduler is draining or stopped and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One generation: everything ``Model.generate`` needs, as plain data."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    depth: Depth = "auto"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+    submitted_at: float = field(default_factory=time.perf_counter, compare=False)
+    client: str = "server"
+    # ``render(model) -> prompt ids``, called on the worker when the request starts (or None:
+    # ``prompt_ids`` are final).
+    render: Callable[[object], list[int]] | None = field(default=None, compare=False)
+    # structured output: an OpenAI-style ``response_format`` (``engine.sampling.grammar``), or the
+    # ``engine.sampling.grammar.Constraint`` already built from one for this request (the server
+    # compiles off this thread: a large schema must not stall every stream), or None
+    response_format: object | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Started:
+    """The worker picked the request up (sent before its first event)."""
+
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class Done:
+    summary: ReplySummary
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+Item = Started | Event | Done | Failed
+Sink = Callable[[Item], None]
+Observer = Callable[[GenRequest, Item], None]
+
+
+class Scheduler:
+    """See the module docstring."""
+
+    def __init__(self, *, loader: Callable[[], object] | None = None, model=None,
+                 max_queue: int = 16, wake: Callable[[], None] | None = None,
+                 max_streams: int = 1) -> None:
+        if wake is None and (loader is None) == (model is None):
+            raise ValueError("pass exactly one of loader= or model=")
+        self._loader = loader
+        self.model = model
+        self.info: ModelInfo | None = getattr(model, "info", None)
+        self.max_queue = max_queue
+        self.max_streams = max_streams
+        self._wake = wake
+        self._queue: queue.Queue[tuple[GenRequest, Sink] | None] = queue.Queue()
+        self._waiting: list[GenRequest] = []
+        self._lock = threading.Lock()           # guards _waiting / _running / _closed
+        self._tok_lock = threading.RLock()      # held around every generator step
+        self._running: list[GenRequest] = []
+        self._closed = False
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._observers: list[Observer] = []
+        self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
+        self.completed = 0
+
+    @classmethod
+    def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16,
+               max_streams: int = 1) -> Scheduler:
+        """A scheduler without a thread of its own: see "Hosting" in the module docstring."""
+        return cls(wake=wake, max_queue=max_queue, max_streams=max_streams)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Scheduler:
+        if self._wake is not None:
+            raise RuntimeError("a hosted scheduler runs on its host's thread (run_next)")
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> ModelInfo:
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the model did not load in time")
+        if self._load_error is not None:
+            raise self._load_error
+        if self.info is None:
+            raise SchedulerClosed("no model is loaded")
+        return self.info
+
+    def set_model(self, model) -> None:
+        """Host thread: serve ``model`` from now on (None: no model). Waiting requests that
+        were rendered for the previous model are cancelled."""
+        _prepare_view(model)
+        with self._tok_lock:
+            self.model = model
+            self.info = getattr(model, "info", None)
+        with self._lock:
+            stale = [r for r in self._waiting if r.render is None]
+        for req in stale:
+            req.cancel.set()
+        self._ready.set()
+
+    def drain(self, grace_s: float = 10.0, *, client: str | None = None) -> None:
+        """Refuse new requests and cancel the ones still running or queued after
+        ``grace_s``. With ``client``: only that client's are cancelled, and the scheduler
+        keeps taking requests (its other clients go on)."""
+        if client is None:
+            with self._lock:
+                self._closed = True
+        if grace_s <= 0:
+            self.cancel_all(client)
+            return
+        t = threading.Timer(grace_s, self.cancel_all, args=(client,))
+        t.daemon = True
+        t.start()
+
+    def cancel_all(self, client: str | None = None) -> None:
+        with self._lock:
+            reqs = list(self._waiting) + list(self._running)
+        for req in reqs:
+            if client is None or req.client == client:
+                req.cancel.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self._closed = True
+        self.cancel_all()
+        if self._wake is not None:
+            return  # hosted: the host runs what is left (each request ends cancelled)
+        self._queue.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ clients
+    @property
+    def busy(self) -> int:
+        """Requests waiting or running."""
+        with self._lock:
+            return len(self._waiting) + len(self._running)
+
+    def count(self, client: str) -> int:
+        """``client``'s requests waiting or running."""
+        with self._lock:
+            reqs = self._waiting + self._running
+        return sum(r.client == client for r in reqs)
+
+    def submit(self, req: GenRequest, sink: Sink) -> None:
+        with self._lock:
+            if self._closed:
+                raise SchedulerClosed("the server is shutting down")
+            waiting = sum(r.client == req.client for r in self._waiting)
+            if waiting >= self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting")
+            self._waiting.append(req)
+            self._queue.put((req, sink))
+        if self._wake is not None:
+            self._wake()
+
+    def add_observer(self, fn: Observer) -> None:
+        self._observers.append(fn)
+
+    def with_tokenizer(self, fn: Callable[[object], object]):
+        """``fn(view)`` on the calling thread: ``view`` is the model's ``prompt_view()`` (its
+        own tokenizer copy, so decoding goes on meanwhile); a model without one (the tests'
+        scripted fakes) is passed itself, while no generator step runs."""
+        self._ready.wait()
+        with self._tok_lock:
+            model = self.model
+            if model is None:
+                raise SchedulerClosed("no model is loaded")
+            view = model.prompt_view() if hasattr(model, "prompt_view") else None
+            if view is None:
+                return fn(model)
+        with view.lock:
+            return fn(view)
+
+    # ------------------------------------------------------------------ worker
+    def _work(self) -> None:
+        if self.model is None:
+            try:
+                self.model = self._loader()  # type: ignore[misc]
+                self.info = self.model.info
+                _prepare_view(self.model)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait_ready
+                self._load_error = exc
+                self._ready.set()
+                return
+        self._ready.set()
+        while self._run_job(self._queue.get()):
+            pass
+
+    def run_next(self) -> bool:
+        """Host thread: run the request at the head of the queue (if any) to its end.
+        Returns whether one ran."""
+        try:
+            job = self._queue.get_nowait()
+        except queue.Empty:
+            return False
+        return self._run_job(job)
+
+    def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
+        if job is None:
+            return False
+        return self._run_batch(job)
+
+    def _begin(self, req: GenRequest) -> None:
+        with self._lock:
+            self._waiting = [r for r in self._waiting if r is not req]
+            self._running.append(req)
+
+    def _end(self, req: GenRequest) -> None:
+        with self._lock:
+            self._running = [r for r in self._running if r is not req]
+        self.completed += 1
+
+    # ------------------------------------------------------------------ batched worker
+    def _run_batch(self, job: tuple[GenRequest, Sink]) -> bool:
+        """Decode ``job`` and every request that arrives meanwhile together, until none is
+        left (see "Decoding" in the module docstring). False when ``stop`` was called."""
+        dec = self._decoder()
+        live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
+        go_on = True
+        self._admit(dec, live, job)
+        while True:
+            while go_on and (dec is None or dec.room > 0):
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    go_on = False
+                else:
+                    self._admit(dec, live, nxt)
+            if dec is None or not dec.busy:
+                return go_on
+            if not self._batch_step(dec, live):
+                dec = self._decoder()
+
+    def _admit(self, dec, live: dict, job: tuple[GenRequest, Sink]) -> None:
+        req, sink = job
+        self._begin(req)
+        sink, tally = self._observed(req, sink), ReplyTally()
+        _safe(sink, Started(time.perf_counter() - req.submitted_at))
+        try:
+            if req.cancel.is_set():
+                ev = Event(token_ids=(), finish_reason="cancelled")
+                tally.add(ev)
+                _safe(sink, ev)
+                return self._finish(req, sink, Done(tally.summary()))
+            with self._tok_lock:
+                model = self.model
+                if model is None or dec is None:
+                    from engine.errors import EngineError
+
+                    raise EngineError("No model is loaded yet.")
+                ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
+                st = dec.add(ids, max_tokens=req.max_tokens, depth=req.depth,
+                             sampling=req.sampling, seed=req.seed, cancel=req.cancel,
+                             stop_strings=req.stop_strings,
+                             **_constraint_kw(model, req.response_format))
+        except Exception as exc:  # noqa: BLE001 - one request failing must not stop the others
+            log.warning("request %s failed: %s", req.id, exc, exc_info=not _expected(exc))
+            return self._finish(req, sink, Failed(exc))
+        live[st.id] = (req, sink, tally)
+
+    def _batch_step(self, dec, live: dict) -> bool:
+        """One ``dec.step()``, its events to their sinks; False when it failed (every request
+        in it has then ended with ``Failed``)."""
+        for part in (dec.admit_step, dec.cycle_step):  # first tokens go out before the cycle
+            try:
+                with self._tok_lock:
+                    events = part()
+            except Exception as exc:  # noqa: BLE001 - the batch's state is unknown: end it all
+                log.exception("a batched cycle failed")
+                for req, sink, _ in live.values():
+                    req.cancel.set()
+                    self._finish(req, sink, Failed(exc))
+                live.clear()
+                return False
+            self._deliver(events, live)
+        return True
+
+    def _deliver(self, events, live: dict) -> None:
+        for st, ev in events:
+            req, sink, tally = live[st.id]
+            tally.add(ev)
+            _safe(sink, ev)
+            if ev.finish_reason is not None:
+                del live[st.id]
+                self._finish(req, sink, Done(tally.summary()))
+
+    def _finish(self, req: GenRequest, sink: Sink, item: Item) -> None:
+        _safe(sink, item)
+        self._end(req)
+
+    def _observed(self, req: GenRequest, sink: Sink) -> Sink:
+        if not self._observers:
+            return sink
+        observers = list(self._observers)
+
+        def both(item: Item) -> None:
+            sink(item)
+            for fn in observers:
+                _safe(lambda it: fn(req, it), item)
+        return both
+
+    def _decoder(self):
+        """A decoder for the model now loaded (None while none is)."""
+        model = self.model
+        return None if model is None else model.decoder(max_streams=self.max_streams)
+
+
+def _prepare_view(model) -> None:
+    """Make the model's ``PromptView`` now, on the thread that loaded it, so the first
+    request does not copy the tokenizer while holding the decode lock."""
+    if model is not None and hasattr(model, "prompt_view"):
+        model.prompt_view()
+
+
+def _constraint_kw(model, response_format) -> dict:
+    """``constraint=`` for ``Model.generate`` when the request asks for structured output."""
+    if not response_format:
+        return {}
+    from engine.sampling.grammar import Constraint
+
+    if isinstance(response_format, Constraint):
+        return {"constraint": response_format}
+    return {"constraint": Constraint.for_format(
+        model.tokenizer, response_format, vocab_size=model.info.vocab_size,
+        eos_ids=model.info.eos_token_ids)}
+
+
+def _expected(exc: BaseException) -> bool:
+    from engine.errors import EngineError
+
+    return isinstance(exc, EngineError)
+
+
+def _safe(sink: Sink, item: Item) -> None:
+    try:
+        sink(item)
+    except Exception:  # noqa: BLE001 - a broken consumer must not stop the worker
+        log.exception("request sink failed")

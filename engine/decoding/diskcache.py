@@ -1,0 +1,347 @@
+"""Prompt-cache snapshots on disk: reopening a long chat, or restarting the app, resumes the
+conversation's decode state instead of prefilling it again.
+
+Layout: ``cache_dir()/prompt-cache/<model key>/<entry>.safetensors`` (the arrays, written by
+``mx.save_safetensors``, read by ``mx.load``; nothing is ever unpickled) and ``<entry>.json``
+(the manifest: format, model key, token count and hash, the cache layout, the scalars). The
+model key hashes the model folder's resolved path, its ``config.json``, the name, size and
+mtime of every weights file, the dtype and the cache layout; the entry name hashes the model
+key and the token prefix.
+
+Contract:
+- ``save(snaps)``: only snapshots of at least ``min_tokens`` tokens. Their arrays are sliced
+  to the live length and evaluated as copies on the caller's thread (later decoding cannot
+  change them), then written by one background thread: temp file + ``os.replace``, the
+  manifest last (it is the commit marker). ``flush()`` waits for that thread.
+- ``load(prompt, longer_than=n)``: the entry whose tokens are the longest prefix of ``prompt``
+  (longer than ``n``) as a ``Snapshot``, or None. A file that does not read or does not fit
+  (corrupt, truncated, another layout or model) is removed and ignored: never an exception.
+- The entries of every model together stay under ``max_bytes``: the least recently used
+  (manifest mtime, touched on each hit) are removed first.
+- ``from_env(...)``: None when ``MTPCHAT_PROMPT_DISK_CACHE=0``; ``MTPCHAT_PROMPT_DISK_CACHE_MB``
+  bounds the size (default 4096), ``MTPCHAT_PROMPT_DISK_CACHE_MIN_TOKENS`` sets the shortest
+  prompt saved (default 1024).
+
+Imports only ``engine.paths`` and ``engine.decoding.session`` from the engine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from engine.decoding.session import Snapshot
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+DEFAULT_MB = 4096
+DEFAULT_MIN_TOKENS = 1024
+STALE_TMP_S = 600  # a temp file older than this belongs to a writer that died
+
+
+def cache_kinds(cache: list | None) -> list:
+    """The layout of a cache list: ["kv"] per attention layer, ["arr", n] per array cache."""
+    if cache is None:
+        return []
+    return [["kv"] if hasattr(c, "offset") and hasattr(c, "keys") else ["arr", len(c.cache)]
+            for c in cache]
+
+
+def model_key(path: str, dtype: str, kinds: list) -> str:
+    """A hash of the model's identity: folder, config, weights files (name, size, mtime)."""
+    folder = Path(path).resolve()
+    h = hashlib.sha256(json.dumps([str(folder), dtype, kinds]).encode())
+    try:
+        h.update((folder / "config.json").read_bytes())
+    except OSError:
+        pass
+    for f in sorted(folder.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]
+
+
+def token_hash(tokens) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _state_arrays(prefix: str, state: list | None, out: dict) -> list:
+    """Add a cache state's live arrays to ``out``; returns its layout for the manifest."""
+    layout = []
+    for i, s in enumerate(state or []):
+        if s[0] == "kv":
+            off = int(s[3])
+            if s[1] is not None and off:
+                out[f"{prefix}{i}.k"] = s[1][..., :off, :]
+                out[f"{prefix}{i}.v"] = s[2][..., :off, :]
+            layout.append(["kv", off])
+        else:
+            present = [a is not None for a in s[1]]
+            for j, a in enumerate(s[1]):
+                if a is not None:
+                    out[f"{prefix}{i}.{j}"] = a
+            layout.append(["arr", present])
+    return layout
+
+
+def _state_from(prefix: str, layout: list, kinds: list, arrays: dict) -> list:
+    """The cache state of ``layout`` (checked against the model's ``kinds``)."""
+    if len(layout) != len(kinds):
+        raise ValueError("cache layout does not match the model")
+    state = []
+    for i, (lay, kind) in enumerate(zip(layout, kinds)):
+        if lay[0] != kind[0]:
+            raise ValueError("cache kind does not match the model")
+        if lay[0] == "kv":
+            off = int(lay[1])
+            k, v = arrays.get(f"{prefix}{i}.k"), arrays.get(f"{prefix}{i}.v")
+            if off and (k is None or v is None or k.shape[2] != off or v.shape[2] != off):
+                raise ValueError("attention cache length does not match its offset")
+            state.append(("kv", k, v, off))
+        else:
+            if len(lay[1]) != kind[1]:
+                raise ValueError("array cache size does not match the model")
+            state.append(("arr", [arrays[f"{prefix}{i}.{j}"] if p else None
+                                  for j, p in enumerate(lay[1])]))
+    return state
+
+
+def encode(snap: Snapshot) -> tuple[dict, dict]:
+    """(arrays, manifest fields) of a snapshot; the arrays are lazy slices."""
+    arrays = {"tokens": mx.array(np.asarray(snap.fed, dtype=np.int32))}
+    meta = {"trunk": _state_arrays("t", snap.trunk_state, arrays),
+            "mtp": None if snap.mtp_state is None else _state_arrays("m", snap.mtp_state, arrays),
+            "mtp_rows": snap.mtp_rows, "pending_tok": list(snap.pending_tok),
+            "mtp_ok": bool(snap.mtp_ok)}
+    for name in ("pending_h", "last_hidden", "last_logits"):
+        if getattr(snap, name) is not None:
+            arrays[name] = getattr(snap, name)
+    return arrays, meta
+
+
+def decode_snapshot(arrays: dict, meta: dict, kinds: dict) -> Snapshot:
+    """The snapshot of ``encode``'s output; ValueError/KeyError when it does not fit."""
+    fed = tuple(int(t) for t in np.array(arrays["tokens"]).tolist())
+    mtp = meta["mtp"]
+    if mtp is not None and not kinds["mtp"]:
+        mtp = None
+    return Snapshot(
+        fed=fed, trunk_state=_state_from("t", meta["trunk"], kinds["trunk"], arrays),
+        mtp_state=None if mtp is None else _state_from("m", mtp, kinds["mtp"], arrays),
+        mtp_rows=int(meta["mtp_rows"]), pending_h=arrays.get("pending_h"),
+        pending_tok=tuple(int(t) for t in meta["pending_tok"]),
+        last_hidden=arrays.get("last_hidden"), last_logits=arrays.get("last_logits"),
+        mtp_ok=bool(meta["mtp_ok"]) and mtp is not None)
+
+
+class DiskPromptCache:
+    """One model's prompt snapshots on disk (see the module docstring)."""
+
+    def __init__(self, root: Path, key: str, kinds: dict, *, max_bytes: int,
+                 min_tokens: int) -> None:
+        self.root, self.key, self.kinds = Path(root), key, kinds
+        self.dir = self.root / key
+        self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
+        self._writer: threading.Thread | None = None
+
+    # -- saving ---------------------------------------------------------------------------
+    def save(self, snaps: list[Snapshot]) -> None:
+        """Write the long enough snapshots not already stored, in the background."""
+        self.flush()
+        jobs, seen = [], set()
+        for snap in snaps:
+            if snap is None or len(snap.fed) < self.min_tokens or snap.last_logits is None:
+                continue
+            name = self._entry_name(snap.fed, snap.mtp_ok)
+            if name in seen:
+                continue
+            seen.add(name)
+            have = self._stored(snap.fed, snap.mtp_ok)
+            if have is not None:
+                _touch(have)
+                continue
+            arrays, meta = encode(snap)
+            arrays = {k: mx.contiguous(v) for k, v in arrays.items()}
+            mx.eval(list(arrays.values()))
+            jobs.append((name, arrays, meta, len(snap.fed), token_hash(snap.fed)))
+        if jobs:
+            self._writer = threading.Thread(target=self._write_all, args=(jobs,),
+                                            name="prompt-disk-cache", daemon=True)
+            self._writer.start()
+
+    def flush(self) -> None:
+        """Wait for the background writer (if any)."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _write_all(self, jobs: list) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for name, arrays, meta, n, th in jobs:
+                self._write(name, arrays, meta, n, th)
+            self.evict()
+        except Exception as exc:  # noqa: BLE001 - a full disk or a vanished folder only costs a prefill
+            log.warning("could not save the prompt cache to %s: %s", self.dir, exc)
+            log.debug("prompt cache save failure", exc_info=True)
+
+    def _write(self, name: str, arrays: dict, meta: dict, n: int, th: str) -> None:
+        tag = f"{os.getpid()}-{threading.get_ident()}"
+        tmp_arr = self.dir / f".{name}.{tag}.tmp.safetensors"
+        tmp_man = self.dir / f".{name}.{tag}.tmp.json"
+        mx.save_safetensors(str(tmp_arr), arrays)
+        os.replace(tmp_arr, self.dir / f"{name}.safetensors")
+        manifest = dict(meta, format=FORMAT, model_key=self.key, n_tokens=n, token_hash=th)
+        tmp_man.write_text(json.dumps(manifest), encoding="utf-8")
+        os.replace(tmp_man, self.dir / f"{name}.json")
+
+    def evict(self) -> None:
+        """Remove stale temp files and orphans, then the least recently used entries until
+        every model's entries together fit in ``max_bytes``."""
+        entries, now = [], time.time()
+        for man in self.root.glob("*/*.json"):
+            if man.name.startswith("."):
+                continue
+            arr = man.with_suffix(".safetensors")
+            try:
+                entries.append((man.stat().st_mtime, _size(man) + _size(arr), man))
+            except OSError:
+                continue
+        for f in self.root.glob("*/.*.tmp.*"):
+            if _age(f, now) > STALE_TMP_S:
+                _unlink(f)
+        for arr in self.root.glob("*/*.safetensors"):
+            if not arr.with_suffix(".json").exists() and _age(arr, now) > STALE_TMP_S:
+                _unlink(arr)
+        total = sum(e[1] for e in entries)
+        for _mtime, size, man in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            _remove_entry(man)
+            total -= size
+
+    # -- loading --------------------------------------------------------------------------
+    def load(self, prompt: list[int], *, longer_than: int = 0,
+             need_mtp: bool = False) -> Snapshot | None:
+        """The stored snapshot with the longest prefix of ``prompt`` (None if none fits)."""
+        self.flush()
+        for n, man in self._candidates(prompt, longer_than, need_mtp):
+            snap = self._read(man, prompt[:n])
+            if snap is not None and (not need_mtp or snap.mtp_ok):
+                _touch(man)
+                return snap
+        return None
+
+    def _candidates(self, prompt: list[int], longer_than: int, need_mtp: bool) -> list:
+        found, hashes = [], {}
+        for man in self.dir.glob("*.json") if self.dir.is_dir() else ():
+            try:
+                meta = json.loads(man.read_text(encoding="utf-8"))
+                n = int(meta["n_tokens"])
+                ok = meta["format"] == FORMAT and meta["model_key"] == self.key
+            except (OSError, ValueError, KeyError, TypeError):
+                _remove_entry(man)
+                continue
+            if not ok:
+                _remove_entry(man)
+                continue
+            if not longer_than < n <= len(prompt) or (need_mtp and not meta.get("mtp_ok")):
+                continue
+            if n not in hashes:
+                hashes[n] = token_hash(prompt[:n])
+            if hashes[n] == meta.get("token_hash"):
+                found.append((n, man))
+        return sorted(found, key=lambda x: -x[0])
+
+    def _read(self, man: Path, tokens: list[int]) -> Snapshot | None:
+        try:
+            meta = json.loads(man.read_text(encoding="utf-8"))
+            arrays = mx.load(str(man.with_suffix(".safetensors")))
+            mx.eval(list(arrays.values()))
+            snap = decode_snapshot(arrays, meta, self.kinds)
+            if list(snap.fed) != list(tokens) or snap.last_logits is None:
+                raise ValueError("the stored tokens are not the manifest's")
+            return snap
+        except Exception as exc:  # noqa: BLE001 - a bad entry is removed, never fatal
+            log.warning("ignoring the prompt cache entry %s: %s", man.name, exc)
+            _remove_entry(man)
+            return None
+
+    def _entry_name(self, tokens, mtp_ok: bool) -> str:
+        tag = "mtp" if mtp_ok else "trunk"
+        return hashlib.sha256(f"{self.key}{token_hash(tokens)}{tag}".encode()).hexdigest()[:40]
+
+    def _stored(self, tokens, mtp_ok: bool) -> Path | None:
+        """The manifest of an entry as good as a snapshot of ``tokens`` (an entry with the
+        MTP cache serves every depth; one without serves depth 0 only)."""
+        for tag in (True,) if mtp_ok else (True, False):
+            man = self.dir / f"{self._entry_name(tokens, tag)}.json"
+            if man.is_file():
+                return man
+        return None
+
+
+def from_env(path: str, dtype: str, trunk_cache: list, mtp_cache: list | None,
+             *, root: Path | None = None, enabled: bool | None = None) -> DiskPromptCache | None:
+    """The model's disk cache with the settings of the environment (None: turned off);
+    ``enabled`` overrides ``MTPCHAT_PROMPT_DISK_CACHE``."""
+    if enabled is None:
+        enabled = os.environ.get("MTPCHAT_PROMPT_DISK_CACHE", "1").strip().lower() not in (
+            "0", "off", "false", "no")
+    if not enabled:
+        return None
+    try:
+        mb = float(os.environ.get("MTPCHAT_PROMPT_DISK_CACHE_MB", DEFAULT_MB))
+        min_tokens = int(os.environ.get("MTPCHAT_PROMPT_DISK_CACHE_MIN_TOKENS", DEFAULT_MIN_TOKENS))
+        kinds = {"trunk": cache_kinds(trunk_cache), "mtp": cache_kinds(mtp_cache)}
+        if root is None:
+            from engine.paths import cache_dir
+
+            root = cache_dir() / "prompt-cache"
+        key = model_key(path, dtype, [kinds["trunk"], kinds["mtp"]])
+    except (OSError, ValueError) as exc:  # a read-only or full home: decode without it
+        log.warning("prompt cache on disk turned off: %s", exc)
+        log.debug("why the prompt cache on disk is off", exc_info=True)
+        return None
+    return DiskPromptCache(root, key, kinds, max_bytes=int(mb * 2**20), min_tokens=min_tokens)
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _age(p: Path, now: float) -> float:
+    try:
+        return now - p.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _touch(p: Path) -> None:
+    try:
+        os.utime(p)
+    except OSError:
+        pass
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
+
+
+def _remove_entry(man: Path) -> None:
+    _unlink(man)
+    _unlink(man.with_suffix(".safetensors"))

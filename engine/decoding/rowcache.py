@@ -1,0 +1,145 @@
+"""Caches for a batch of rows that each have their own length (``engine.decoding.batch_caches``).
+
+``RowKVCache`` is an attention KV cache for B rows in one padded buffer ``[B, H, T, D]``: row
+b's tokens sit at positions ``0 .. lengths[b] - 1`` (so its RoPE positions are the ones it
+would have alone), and a forward over S tokens writes row b's at ``lengths[b] ..
+lengths[b] + S - 1``. Positions past a row's length hold stale values that its mask hides
+(``make_mask``) and its next write overwrites, so trimming a row (a rejected draft) is only a
+change of its length: no data moves. It speaks mlx-lm's cache protocol (``offset`` for RoPE,
+``update_and_fetch``, ``make_mask``), so mlx-lm's attention layers and this project's MTP head
+run on it unchanged.
+
+The Gated DeltaNet layers keep mlx-lm's ``ArraysCache`` ([conv window, recurrent state], one
+row per stream): their state is per row already, and its own ``extend`` / ``filter`` /
+``extract`` add, keep and take out rows (``engine.decoding.batch_caches``).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+STEP = 256  # buffer growth, as mlx-lm's KVCache
+
+
+def _capacity(n: int) -> int:
+    return max(STEP, -(-n // STEP) * STEP)
+
+
+class RowKVCache:
+    """See the module docstring. ``lengths`` is known on the host (a list of ints)."""
+
+    def __init__(self, keys: mx.array | None = None, values: mx.array | None = None,
+                 lengths: list[int] | None = None) -> None:
+        self.keys, self.values = keys, values
+        self.lengths: list[int] = list(lengths or [])
+
+    # -- mlx-lm's cache protocol ------------------------------------------------------------
+    @property
+    def offset(self) -> mx.array:
+        """Each row's first new position [B] (RoPE offsets)."""
+        return mx.array(self.lengths, dtype=mx.int32)
+
+    def make_mask(self, n: int, return_array: bool = False, window_size=None):
+        """[B, 1, n, T] bool: query j of row b sees positions ``<= lengths[b] + j``; T is what
+        ``update_and_fetch`` will return. None when every row has the same length and n == 1
+        (nothing to hide)."""
+        if window_size is not None:
+            raise NotImplementedError("sliding-window attention is not batched")
+        if n == 1 and len(set(self.lengths)) <= 1 and not return_array:
+            return None
+        t = max(self.lengths) + n
+        last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
+        return mx.arange(t)[None, None, None, :] <= last
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        n = keys.shape[2]
+        end = max(self.lengths) + n
+        self._reserve(end, keys, values)
+        if len(set(self.lengths)) == 1:
+            start = self.lengths[0]
+            self.keys[..., start:start + n, :] = keys
+            self.values[..., start:start + n, :] = values
+        else:  # one scatter per buffer: row b's n positions from its own length
+            pos = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(pos, keys.shape), keys,
+                                          axis=2)
+            self.values = mx.put_along_axis(self.values, mx.broadcast_to(pos, values.shape),
+                                            values, axis=2)
+        self.lengths = [length + n for length in self.lengths]
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Forget the last ``n`` positions of every row."""
+        self.lengths = [max(0, length - n) for length in self.lengths]
+        return n
+
+    def trim_rows(self, n: list[int]) -> None:
+        """Forget the last ``n[b]`` positions of row b."""
+        self.lengths = [max(0, length - k) for length, k in zip(self.lengths, n)]
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+    # -- rows joining and leaving -----------------------------------------------------------
+    def _reserve(self, end: int, keys: mx.array, values: mx.array) -> None:
+        if self.keys is not None and self.keys.shape[2] >= end:
+            return
+        B, H, _, dk = keys.shape
+        cap = _capacity(end)
+        new_k = mx.zeros((B, H, cap, dk), keys.dtype)
+        new_v = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
+        if self.keys is not None:
+            old = self.keys.shape[2]
+            new_k[..., :old, :] = self.keys
+            new_v[..., :old, :] = self.values
+        self.keys, self.values = new_k, new_v
+
+    def join(self, single: KVCache) -> None:
+        """Append one stream's cache (mlx-lm's ``KVCache``, batch 1) as a new last row."""
+        n = single.offset
+        if single.keys is None:
+            raise ValueError("a stream joins after its prefill (its KV cache is empty)")
+        k, v = single.keys[..., :n, :], single.values[..., :n, :]
+        if self.keys is None:
+            self.keys, self.values, self.lengths = k, v, []
+            self.lengths.append(n)
+            self._reserve(n, k, v)
+            return
+        cap = max(self.keys.shape[2], _capacity(n))
+        self.keys = mx.concatenate([_pad_to(self.keys, cap), _pad_to(k, cap)])
+        self.values = mx.concatenate([_pad_to(self.values, cap), _pad_to(v, cap)])
+        self.lengths.append(n)
+
+    def take(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in that order); the buffer shrinks to the longest kept row."""
+        self.lengths = [self.lengths[r] for r in rows]
+        if not rows:
+            self.keys = self.values = None
+            return
+        cap = _capacity(max(self.lengths))
+        idx = mx.array(rows, dtype=mx.int32)
+        self.keys = mx.take(self.keys, idx, axis=0)[..., :cap, :]
+        self.values = mx.take(self.values, idx, axis=0)[..., :cap, :]
+
+    def extract(self, b: int, n: int | None = None) -> KVCache:
+        """Row b (its first ``n`` positions; default all) as a stand-alone mlx-lm
+        ``KVCache`` (a copy)."""
+        n = self.lengths[b] if n is None else n
+        c = KVCache()
+        k = mx.contiguous(self.keys[b:b + 1, :, :n, :])
+        v = mx.contiguous(self.values[b:b + 1, :, :n, :])
+        c.keys, c.values, c.offset = _pad_to(k, _capacity(n)), _pad_to(v, _capacity(n)), n
+        return c
+
+
+def _pad_to(x: mx.array, t: int) -> mx.array:
+    if x.shape[2] >= t:
+        return x[..., :t, :]
+    return mx.pad(x, [(0, 0), (0, 0), (0, t - x.shape[2]), (0, 0)])

@@ -1,0 +1,1 @@
+"""Draft depth: the adaptive controller and the per-model tuner."""

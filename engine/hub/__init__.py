@@ -1,0 +1,1 @@
+"""Models on the Hub and on disk: client, search, download, pull, store, inspection."""

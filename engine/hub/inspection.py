@@ -1,0 +1,289 @@
+"""Look at a model before loading or downloading it: is it supported, can it speculate, does it fit?
+
+Only ``config.json``, the safetensors index and the safetensors *headers* are read (the 8-byte
+little-endian header length, then the JSON header): never the weights. Remotely the headers are
+fetched with HTTP Range requests, so checking a 50 GB repo costs a few hundred KB.
+
+Both functions return the same plain dict (JSON-able); see :func:`analyse` for its keys. The
+verdict comes from the loader's own checks (:mod:`engine.models.checkpoint` for the config and headers,
+:func:`engine.models.build.check_build` for names and shapes, on lazy arrays), so "supported" means
+``engine.load`` accepts the folder. (Renamed from ``engine.inspect``, which shadowed the
+standard library's ``inspect``.)
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.models import checkpoint
+from engine.models.checkpoint import Checkpoint, parse_config, parse_header, read_header
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER = checkpoint.MAX_HEADER
+MAX_REMOTE_SHARDS = 128
+CONTEXT_FOR_ESTIMATE = 8192
+RUNTIME_OVERHEAD = 512 * 2**20
+CONVERT_HINT = "convert from the official Qwen repo: python -m engine pull {repo} --convert --bits 4"
+
+__all__ = ["analyse", "inspect_local", "inspect_repo", "machine_verdict", "memory_needed",
+           "needed_file", "parse_header", "read_header"]
+
+
+def _int(d: dict, key: str, default: int = 0) -> int:
+    v = d.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 else default
+
+
+def _cache_estimate(text: dict) -> int:
+    """KV cache for CONTEXT_FOR_ESTIMATE tokens + the Gated DeltaNet states (float32)."""
+    layers = _int(text, "num_hidden_layers")
+    interval = _int(text, "full_attention_interval", 4)
+    full = layers // interval if interval else layers
+    kv = 2 * full * _int(text, "num_key_value_heads") * _int(text, "head_dim")
+    kv_bytes = kv * 2 * CONTEXT_FOR_ESTIMATE
+    gdn = (layers - full) * _int(text, "linear_num_value_heads") * \
+        _int(text, "linear_value_head_dim") * _int(text, "linear_key_head_dim") * 4
+    return kv_bytes + 4 * gdn  # states kept for a few verify positions
+
+
+def memory_needed(weight_bytes: int, text_config: dict) -> int:
+    """Bytes of memory to run: the text weights, caches for 8k tokens, 10% + 512 MiB slack."""
+    return int(weight_bytes * 1.10) + _cache_estimate(text_config) + RUNTIME_OVERHEAD
+
+
+def _guess_family(config: dict) -> tuple[str | None, str | None]:
+    """Architecture and family for the report, also for configs the loader refuses."""
+    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    archs = [a for a in archs if isinstance(a, str)]
+    for a in archs:
+        if a in checkpoint.ARCH_FAMILY:
+            return a, checkpoint.ARCH_FAMILY[a]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for mt in (config.get("model_type"), text.get("model_type")):
+        if isinstance(mt, str) and mt in checkpoint.TYPE_FAMILY:
+            return (archs[0] if archs else None), checkpoint.TYPE_FAMILY[mt]
+    return (archs[0] if archs else None), None
+
+
+def blockers(config: dict, tensors: dict | None, *, names: list[str],
+             problems: list[ModelLoadError] = ()) -> list[str]:
+    """Why the loader would refuse this model (empty when it loads): the same checks."""
+    out = [_reason(p) for p in problems]
+    try:
+        cfg = parse_config(config)
+    except ModelLoadError as exc:
+        return [_reason(exc), *out]
+    if not names and not out:
+        out.append("no safetensors weights found")
+    if tensors and not out:
+        from engine.models.build import check_build
+
+        try:
+            check_build(Checkpoint(config=cfg, tensors=tensors))
+        except ModelLoadError as exc:
+            out.append(_reason(exc))
+    return out
+
+
+def _reason(exc: ModelLoadError) -> str:
+    kind = "not supported" if isinstance(exc, UnsupportedModelError) else "cannot be loaded"
+    return f"{kind}: {exc}"
+
+
+def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes: int,
+            source: str, repo_id: str | None = None, notes: list[str] | None = None,
+            problems: list[ModelLoadError] = ()) -> dict:
+    """Turn what was read into the inspection report.
+
+    Keys: source, architecture, family, model_type, layout, parameters (None if unknown),
+    parameters_estimated, bytes (all weight files), weight_bytes (text weights the engine loads),
+    quantization, has_mtp, mtp_layers, memory_needed_bytes, supported, can_speculate,
+    reasons (why not / warnings), fix (a command to run, or None), machine (memory verdict).
+    ``supported`` is True exactly when ``engine.load`` would accept what was read.
+    """
+    arch, family = _guess_family(config)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    quant = config.get("quantization") if isinstance(config.get("quantization"), dict) else None
+    has_mtp = checkpoint.has_mtp(names)
+    if tensors:
+        weight_bytes = checkpoint.weight_bytes(tensors)
+        params, estimated = checkpoint.parameters(tensors, quant), False
+    else:
+        weight_bytes = total_bytes
+        per = 4 if "32" in str(text.get("dtype") or config.get("torch_dtype") or "") else 2
+        params, estimated = (total_bytes // per if total_bytes and not quant else None), True
+    blocked = blockers(config, tensors, names=names, problems=list(problems))
+    supported = not blocked
+    reasons = list(notes or []) + blocked
+    fix = None
+    if supported and not has_mtp:
+        reasons.append("no mtp.* tensors: the model will run but cannot speculate (typical of "
+                       "mlx-community / mlx_lm.convert conversions, which drop the MTP head)")
+        fix = CONVERT_HINT.format(repo=_official_repo_guess(repo_id, config))
+    mem = memory_needed(weight_bytes, text)
+    return {
+        "source": source, "repo_id": repo_id, "architecture": arch, "family": family,
+        "model_type": config.get("model_type"), "layout": checkpoint.layout(tensors or {}),
+        "parameters": params, "parameters_estimated": estimated, "bytes": total_bytes,
+        "weight_bytes": weight_bytes, "quantization": quant, "has_mtp": has_mtp,
+        "mtp_layers": _int(text, "mtp_num_hidden_layers") if has_mtp else 0,
+        "memory_needed_bytes": mem, "supported": supported, "can_speculate": supported and has_mtp,
+        "reasons": reasons, "fix": fix,
+        "machine": machine_verdict(mem, active_bytes=active_bytes(tensors, text, weight_bytes)),
+    }
+
+
+def _official_repo_guess(repo_id: str | None, config: dict) -> str:
+    """Qwen/Qwen3.5-4B for mlx-community/Qwen3.5-4B-4bit; a placeholder when unsure."""
+    import re
+
+    m = re.search(r"(Qwen3\.[56]-[0-9.]+B(?:-A[0-9.]+B)?)", repo_id or "", re.IGNORECASE)
+    return f"Qwen/{m.group(1)}" if m else "Qwen/Qwen3.5-<size>"
+
+
+def machine_verdict(memory_bytes: int, *, total_memory: int | None = None,
+                    active_bytes: int = 0, machine: dict | None = None) -> dict:
+    """Does it fit this machine's memory, and would it decode fast enough here? (Thresholds in
+    engine.hub.catalog; speed from the measured bandwidth unless memory alone was injected.)"""
+    from engine.hub.catalog import figures_for, memory_verdict
+
+    return memory_verdict(memory_bytes, total_memory=total_memory, active_bytes=active_bytes,
+                          machine=figures_for(total_memory, machine))
+
+
+def active_bytes(tensors: dict | None, text: dict, weight_bytes: int) -> int:
+    """Bytes a decode step reads: every text weight, MoE experts scaled by top-k / experts."""
+    experts, k = _int(text, "num_experts"), _int(text, "num_experts_per_tok")
+    if not tensors or not experts or not k:
+        return weight_bytes
+    total = 0.0
+    for name, meta in tensors.items():
+        if checkpoint.is_vision(name):
+            continue
+        n = checkpoint.numel(meta["shape"]) * checkpoint.DTYPE_BYTES.get(meta["dtype"], 2)
+        total += n * k / experts if (".experts." in name or ".switch_mlp." in name) else n
+    return int(total)
+
+
+# ----------------------------------------------------------------------------- local
+
+def inspect_local(path: str | Path) -> dict:
+    """Inspect a model folder on disk (config.json + every shard header, bounded reads).
+
+    Raises ModelLoadError only when there is nothing to report on (no folder, no readable
+    config.json); every other problem makes the report say ``supported: false`` and why.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"{path} is not a folder")
+    config = checkpoint.read_json(path / "config.json", "config.json")
+    tensors: dict = {}
+    problems: list[ModelLoadError] = []
+    try:
+        cfg = checkpoint.with_runtime(path, parse_config(config))
+    except ModelLoadError:
+        cfg = None  # blockers() reports why
+    try:
+        shards = checkpoint.shard_files(path, cfg)
+    except ModelLoadError as exc:
+        problems.append(exc)
+        shards = []
+    total = 0
+    for f in shards:
+        try:
+            tensors.update(read_header(f))
+        except ModelLoadError as exc:
+            problems.append(exc)
+        total += f.stat().st_size if f.is_file() else 0
+    names = list(tensors) or [p.name for p in shards]
+    return analyse(config, names=names, tensors=tensors if not problems else None,
+                   total_bytes=total, source=str(path), problems=problems)
+
+
+# ----------------------------------------------------------------------------- remote
+
+def _remote_header(repo_id: str, fname: str, revision: str, token: str | None,
+                   size: int) -> dict:
+    from engine.hub import client as hub
+
+    head = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(0, 7))
+    (n,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (0,)
+    if n > MAX_HEADER or len(head) < 8:
+        return parse_header(head[:8], name=fname)  # raises with the reason
+    body = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(8, 7 + n))
+    tensors = parse_header(head[:8] + body[:n], name=fname)
+    if size and 8 + n + checkpoint.header_data_end(tensors) > size:
+        raise ModelLoadError(f"{fname} is truncated on the server ({size} bytes, its header "
+                             f"needs {8 + n + checkpoint.header_data_end(tensors)}).")
+    return tensors
+
+
+def _remote_json(repo_id: str, listing, name: str, token: str | None) -> dict:
+    from engine.hub import client as hub
+
+    f = listing.file(name)
+    if f.size > checkpoint.MAX_JSON_BYTES:
+        raise ModelLoadError(f"{name} of {repo_id} is implausibly large ({f.size} bytes).")
+    data = hub.fetch_bytes(repo_id, name, revision=listing.commit, token=token)
+    return checkpoint.loads_json(data[:checkpoint.MAX_JSON_BYTES + 1], what=name)
+
+
+def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None):
+    """(tensors, problems) from every shard header, fetched in parallel."""
+    sizes = {f.path: f.size for f in listing.files}
+
+    def one(fname: str):
+        try:
+            return _remote_header(repo_id, fname, listing.commit, token, sizes[fname]), None
+        except ModelLoadError as exc:
+            return {}, exc
+
+    with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
+        results = list(pool.map(one, shards))
+    tensors = {k: v for h, _ in results for k, v in h.items()}
+    return tensors, [e for _, e in results if e is not None]
+
+
+def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = None) -> dict:
+    """Inspect a Hub repo without downloading weights: file list, config.json, index, headers."""
+    from engine.hub import client as hub
+
+    listing = hub.list_repo(repo_id, revision=revision, token=token)
+    shards = sorted(f.path for f in listing.files if f.path.endswith(".safetensors")
+                    and "/" not in f.path)
+    total = sum(f.size for f in listing.files if f.path in shards)
+    if listing.file("config.json") is None:
+        raise ModelLoadError(f"{repo_id} has no config.json: it is not a transformers model repo")
+    config = _remote_json(repo_id, listing, "config.json", token)
+    tensors: dict | None = None
+    names: list[str] = []
+    notes: list[str] = []
+    problems: list[ModelLoadError] = []
+    if listing.file(checkpoint.INDEX_FILE) is not None:
+        wm = _remote_json(repo_id, listing, checkpoint.INDEX_FILE, token).get("weight_map")
+        names = list(wm) if isinstance(wm, dict) else []
+    if shards and len(shards) <= MAX_REMOTE_SHARDS:
+        tensors, problems = _remote_tensors(repo_id, listing, shards, token)
+        names = list(tensors) or names
+        tensors = None if problems else tensors
+    elif shards:
+        notes.append(f"{len(shards)} weight files: sizes estimated from the file list")
+    report = analyse(config, names=names, tensors=tensors, total_bytes=total,
+                     source=f"{hub.endpoint()}/{repo_id}", repo_id=repo_id, notes=notes,
+                     problems=problems)
+    report.update(revision=revision, commit=listing.commit,
+                  download_bytes=sum(f.size for f in listing.files if needed_file(f.path)))
+    return report
+
+
+def needed_file(path: str) -> bool:
+    """Files a model needs: weights, JSON configs, tokenizer files and the chat template."""
+    if "/" in path:
+        return False
+    name = path.lower()
+    return (name.endswith((".safetensors", ".json", ".jinja", ".tiktoken", ".model"))
+            or name in ("merges.txt", "vocab.txt"))

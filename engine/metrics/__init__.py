@@ -1,0 +1,1 @@
+"""A reply's figures (summary) and the live aggregates (stats)."""

@@ -1,0 +1,199 @@
+"""``engine.load(path) -> Model``: the trunk (mlx-lm's classes) plus this project's MTP head.
+
+The MTP head shares ``embed_tokens`` and the LM head with the trunk. The +1 shift of
+zero-centred norms is applied exactly once: by mlx-lm's sanitize for the trunk and by
+``sanitize_mtp`` for the head, both only when the checkpoint is in raw HF layout.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.decoding.drafters import Drafter
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.models import loading
+from engine.sampling.grammar import Constraint
+from engine.types import MAX_DEPTH, DraftMode, Event, ModelInfo, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class Model:
+    """A loaded model: weights, tokenizer and facts. Not thread-safe: one thread owns it (MLX
+    streams are thread-local). What carries from one reply to the next (prompt cache, disk
+    cache, depth controllers) is the engine core's (``engine.core.carryover``), not the
+    model's; ``generate`` and ``decoder`` use the model's shared one unless given another.
+    """
+
+    def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
+        self.trunk = trunk            # mlx_lm.models.qwen3_5.Model
+        self.mtp = mtp                # engine.models.mtp.MTPHead | None
+        self.tokenizer = tokenizer
+        self.info = info
+        self._kv_bytes: int | None = None
+        self._prompt_view: PromptView | None = None
+
+    @property
+    def text_model(self):
+        return self.trunk.language_model
+
+    def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                 add_generation_prompt: bool = True) -> list[int]:
+        """Apply the model's chat template (sandboxed, with a time and size budget)."""
+        return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
+
+    def prompt_limit(self) -> int:
+        """The most prompt tokens a reply can start from now: the context less one, and
+        what the memory available holds of the caches (``engine.models.prompt_limits``)."""
+        from engine.models.prompt_limits import kv_bytes_per_token, prompt_limit
+
+        if self._kv_bytes is None:
+            self._kv_bytes = kv_bytes_per_token(self.trunk)
+        return prompt_limit(self.info.context_length, self._kv_bytes)
+
+    def prompt_view(self) -> PromptView:
+        """What request threads render and tokenize with while this model decodes on its
+        own thread (made once; see ``PromptView``)."""
+        if self._prompt_view is None:
+            self._prompt_view = PromptView(self)
+        return self._prompt_view
+
+    def generate(self, prompt_ids: list[int], *, max_tokens: int = 256, depth: int | str = 0,
+                 sampling: SamplingParams | None = None, seed: int | None = None,
+                 cancel: threading.Event | None = None, stop_strings: tuple[str, ...] = (),
+                 drafter: Drafter | None = None, draft_mode: DraftMode = "filtered",
+                 profile: bool = False, constraint: Constraint | None = None,
+                 carryover=None) -> Iterator[Event]:
+        """Stream one reply's events: a batch of one through the one decoder
+        (``engine.decoding.decoder``). Every argument is checked here, before anything reaches
+        MLX: a bad one raises ``GenerationError``. ``drafter`` replaces the MTP head (e.g.
+        ``ReplayDrafter``); ``draft_mode`` is the head's draft policy (``engine.decoding.drafters``);
+        ``profile`` synchronises after every phase; ``constraint``: structured output
+        (``engine.sampling.grammar.Constraint.for_format``), one per reply; ``carryover``: the prompt
+        cache and depth controllers to use (default: the model's shared one)."""
+        from engine.decoding.decoder import generate
+
+        return generate(self, prompt_ids, carryover=carryover, max_tokens=max_tokens,
+                        depth=depth, sampling=SamplingParams() if sampling is None else sampling,
+                        seed=seed, cancel=cancel, stop_strings=stop_strings, drafter=drafter,
+                        draft_mode=draft_mode, profile=profile, constraint=constraint)
+
+    def decoder(self, *, max_streams: int, carryover=None):
+        """A decoder for up to ``max_streams`` replies at once (``BatchDecoder``), reading
+        and writing ``carryover`` (default: the model's shared one)."""
+        from engine.decoding.decoder import BatchDecoder
+
+        return BatchDecoder(self, carryover=carryover, max_streams=max_streams)
+
+
+class PromptView:
+    """A model as prompt rendering sees it, for threads other than the one decoding: the
+    same ``info``, ``chat_ids`` and ``prompt_limit``, but its own copy of the tokenizer, so
+    rendering and tokenizing a long request never waits for a decode step, nor a decode
+    step for it (the worker detokenizes with the model's own). ``lock`` serialises the
+    threads that use this copy (``Scheduler.with_tokenizer`` holds it)."""
+
+    def __init__(self, model: Model) -> None:
+        import copy
+
+        self.info = model.info
+        self.tokenizer = copy.deepcopy(model.tokenizer)
+        self.lock = threading.Lock()
+        self._model = model
+
+    def prompt_limit(self) -> int:
+        return self._model.prompt_limit()
+
+    def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                 add_generation_prompt: bool = True) -> list[int]:
+        return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
+
+
+def _chat_ids(owner, messages: list[dict], enable_thinking: bool | None,
+              add_generation_prompt: bool) -> list[int]:
+    """``owner``'s chat template over ``messages``, within its prompt limit (a ``Model`` or
+    its ``PromptView``: the same rendering, each with its own tokenizer)."""
+    from engine.models.chat_template import chat_ids
+
+    return chat_ids(owner.tokenizer, messages, enable_thinking=enable_thinking,
+                    supports_thinking=owner.info.supports_thinking,
+                    add_generation_prompt=add_generation_prompt,
+                    max_tokens=owner.prompt_limit(), context=owner.info.context_length)
+
+
+def load(path: str | Path, *, dtype: str | None = None) -> Model:
+    """Load a model: a folder, an installed model's name, or the repo id it was pulled from.
+
+    ``dtype`` ("float32", "bfloat16", "float16") casts float weights. The config and every
+    safetensors header are validated (``engine.models.checkpoint``) before the tokenizer is read, and
+    any failure while building becomes a ModelLoadError naming what did not fit.
+    """
+    import mlx.core as mx
+
+    from engine.hub.store import resolve_model
+    from engine.models.build import build
+    from engine.models.checkpoint import read_checkpoint
+
+    if dtype is not None and dtype not in _DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}.")
+    folder = resolve_model(path)
+    ckpt = read_checkpoint(folder)
+    tokenizer = loading.load_tokenizer(folder)
+    built = build(ckpt.config, loading.load_arrays(ckpt))
+    if dtype is not None:
+        _cast(built, getattr(mx, dtype))
+    try:
+        mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {})
+    except Exception as exc:  # noqa: BLE001 - e.g. a shard changed on disk while loading
+        raise ModelLoadError(f"The weights could not be read: {exc}. Re-download the model.") \
+            from exc
+    info = _model_info(folder, ckpt, built, tokenizer, dtype)
+    log.info("loaded %s (%s, %s layout, %.1fM params, MTP=%s)", info.name, info.family,
+             info.layout, info.num_parameters / 1e6, info.has_mtp)
+    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _cast(built, target) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    for m in (built.trunk, built.mtp):
+        if m is None:
+            continue
+        # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log as is.
+        m.load_weights([(k, v.astype(target)) for k, v in tree_flatten(m.parameters())
+                        if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log")],
+                       strict=False)
+
+
+def _model_info(folder: Path, ckpt, built, tokenizer, dtype: str | None) -> ModelInfo:
+    from mlx.utils import tree_flatten
+
+    from engine.paths import folder_size
+
+    cfg = ckpt.config
+    params = sum(v.size for _, v in tree_flatten(built.trunk.parameters()))
+    if built.mtp is not None:
+        params += sum(v.size for _, v in tree_flatten(built.mtp.parameters()))
+    first = next(iter(built.trunk_weights.values()))
+    template = getattr(tokenizer, "chat_template", None) or ""
+    has_mtp = built.mtp is not None
+    return ModelInfo(
+        path=str(folder), name=folder.name, architecture=cfg.architecture, family=cfg.family,
+        layout="hf" if built.raw_layout else "mlx", num_parameters=int(params),
+        bytes_on_disk=folder_size(folder), quantization=cfg.quantization,
+        has_mtp=has_mtp, mtp_layers=built.mtp_layers, max_depth=MAX_DEPTH if has_mtp else 0,
+        context_length=int(cfg.text.get("max_position_embeddings") or 32768),
+        vocab_size=int(cfg.text["vocab_size"]), hidden_size=int(cfg.text["hidden_size"]),
+        num_layers=int(cfg.text["num_hidden_layers"]),
+        dtype=str(dtype or first.dtype).replace("mlx.core.", ""),
+        eos_token_ids=loading.eos_ids(folder, cfg, tokenizer),
+        supports_thinking="enable_thinking" in template, notes=built.notes)
+
+
+__all__ = ["Model", "load", "UnsupportedModelError", "ModelLoadError"]

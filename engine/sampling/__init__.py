@@ -1,0 +1,1 @@
+"""Sampling: exact target distributions and acceptance, top-k candidates, grammars."""
