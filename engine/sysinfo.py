@@ -36,6 +36,7 @@ def system_info() -> dict:
     import mlx.core as mx
 
     from engine import __version__
+    from engine.models import device
 
     blas = blas_info()
     dev = mx.default_device()
@@ -45,6 +46,7 @@ def system_info() -> dict:
         "mlx_lm_version": _version("mlx-lm"),
         "device": "gpu" if dev.type == mx.DeviceType.gpu else "cpu",
         "metal_available": bool(mx.metal.is_available()),
+        "device_branch": device.branch(),
         "blas": blas["blas"],
         "blas_path": blas["path"],
         **memory(),

@@ -399,6 +399,8 @@ def held_out(sides: list[Side], need: int) -> list[list[int]]:
     both sides."""
     before, after = sides
     bench = importlib.import_module(f"{before.mod.__name__}.bench")
+    if not hasattr(bench, "load_prompt_sets"):  # bench/ became a package (engine/bench/)
+        bench = importlib.import_module(f"{before.mod.__name__}.bench.side_by_side")
     texts = [t for ts in bench.load_prompt_sets(before.model, None).values() for t in ts]
     texts = [texts[i % len(texts)] for i in range(max(need, len(texts)))]
     ids = [before.model.chat_ids([{"role": "user", "content": t}]) for t in texts]

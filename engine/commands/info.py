@@ -26,7 +26,8 @@ def run(args) -> int:
         return 0
     print(f"MTP Chat engine {info['engine_version']}")
     print(f"  mlx {info['mlx_version']}, mlx-lm {info['mlx_lm_version']}")
-    print(f"  device: {info['device']} (Metal available: {info['metal_available']})")
+    print(f"  device: {info['device']} (Metal available: {info['metal_available']}; "
+          f"layers: the {info['device_branch']} branch)")
     print(f"  BLAS:   {info['blas']}" + (f" ({info['blas_path']})" if info["blas_path"] else ""))
     print(f"  memory: {_gib(info['available_bytes'])} available of {_gib(info['total_bytes'])}")
     if "matmul_bench" in info:

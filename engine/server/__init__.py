@@ -1,12 +1,14 @@
 """The local OpenAI- and Anthropic-compatible server (issue 14): an adapter from HTTP to the
 engine, with no Qt.
 
-Layout: ``scheduler`` (one worker thread owns the model; bounded FIFO of plain
-``GenRequest`` rows), ``templates`` (messages/tools -> prompt ids through the model's chat
-template), ``toolcalls`` / ``reasoning`` / ``reply`` (the model's text -> tool calls, thinking
-and content, streaming and not), ``openai_api`` / ``anthropic_api`` (the wire formats),
-``app`` (Starlette routes, API key, errors), ``runner`` (``Server`` / ``start_server`` on
-uvicorn), ``bench`` (server vs in-process speed). ``python -m engine serve`` is the CLI.
+Layout: ``guard`` / ``connections`` (the perimeter: content types, Origin, Host, body sizes,
+idle and stalled sockets), ``templates`` (messages/tools -> prompt ids through the model's chat
+template), ``toolcalls`` / ``reasoning`` / ``reply_parts`` (the model's text -> tool calls,
+thinking and content, streaming and not), ``openai_api`` / ``anthropic_api`` (the wire
+formats), ``app`` (Starlette routes, API key, errors), ``runner`` (``Server`` /
+``start_server`` on uvicorn). Requests are decoded by the engine core's scheduler
+(``engine.core.scheduler``), the same one the app's chat uses; ``engine.bench.server_load``
+measures the server against in-process decoding. ``python -m engine serve`` is the CLI.
 
 Importing this package is cheap; ``Server``, ``start_server`` and ``Scheduler`` load on use.
 """

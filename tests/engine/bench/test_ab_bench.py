@@ -42,7 +42,7 @@ def test_rewrite_points_every_form_at_the_copy():
         "import engine_before.cycle as cy",
         "import engine_before as engine, os",
         "LOGGERS = ('asyncio', \"engine_before.server.guard\")",
-        "mod = importlib.import_module('engine_before.drafters')",
+        "mod = importlib.import_module('engine_before.decoding.drafters')",
         "from . import cycle",
         "from .cycle import Row",
         "import engineering",
@@ -72,7 +72,7 @@ import engine
 from engine.bench.ab import import_before, isolation_problems
 dest = Path(sys.argv[1])
 eb = import_before(dest)
-import engine_before.model  # HEAD's loader and, through it, its decoder
+import engine_before.models.model  # HEAD's loader and, through it, its decoder
 print(json.dumps({
     "file": eb.__file__,
     "problems": isolation_problems(dest),
@@ -99,7 +99,7 @@ def test_head_materialises_as_an_isolated_package(tmp_path):
     assert Path(got["file"]).resolve().is_relative_to(tmp_path.resolve())
     assert Path(got["after"]).resolve().is_relative_to(ROOT / "engine")
     assert got["problems"] == []
-    assert "engine_before.model" in got["loaded"] and len(got["loaded"]) > 5
+    assert "engine_before.models.model" in got["loaded"] and len(got["loaded"]) > 5
     assert got["shared"] is False
 
 
