@@ -24,6 +24,7 @@ import engine  # noqa: F401  (before mlx: the engine picks the BLAS)
 import mlx.core as mx
 import numpy as np
 
+from engine.core.carryover import carryover_of
 from engine.models import device
 from engine.types import SamplingParams
 
@@ -66,16 +67,9 @@ def heldout_prompts(model, n: int) -> list[list[int]]:
 
 
 def forget_prompts(model) -> None:
-    """Empty the model's prompt cache (wherever the engine keeps it): every reply prefills
-    its prompt itself, so depth k never starts from depth 0's prefill."""
-    reset = getattr(model, "reset_prompt_cache", None)
-    if reset is None:
-        try:
-            from engine.core.carryover import carryover_of
-        except ImportError:
-            return
-        reset = carryover_of(model).reset_prompt_cache
-    reset()
+    """Empty the model's prompt cache (its carryover's): every reply prefills its prompt
+    itself, so depth k never starts from depth 0's prefill."""
+    carryover_of(model).reset_prompt_cache()
 
 
 def reply(model, ids: list[int], depth: int, max_tokens: int) -> list[int]:

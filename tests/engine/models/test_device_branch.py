@@ -12,6 +12,7 @@ import mlx.core as mx
 
 from engine import SamplingParams
 from engine.models import device, mtp as engine_mtp, trunk
+from engine.core.carryover import carryover_of
 
 ON_CPU = mx.default_device() == mx.cpu
 
@@ -93,25 +94,13 @@ def _compiled_attributes(model) -> set[str]:
     return names
 
 
-def forget_prompts(model) -> None:
-    """Empty ``model``'s prompt cache (wherever the engine keeps it), so each reply prefills."""
-    reset = getattr(model, "reset_prompt_cache", None)
-    if reset is None:
-        try:
-            from engine.core.carryover import carryover_of
-        except ImportError:
-            return
-        reset = carryover_of(model).reset_prompt_cache
-    reset()
-
-
 def _replies(model) -> list[list[int]]:
     rng = np.random.default_rng(41)
     out = []
     for p in [rng.integers(3, 380, size=n).tolist() for n in (5, 17, 31)]:
         for depth, kw in ((0, {}), (3, {}), (2, dict(sampling=SamplingParams(temperature=0.9,
                                                                              top_k=20), seed=3))):
-            forget_prompts(model)
+            carryover_of(model).reset_prompt_cache()
             toks = []
             for ev in model.generate(p, max_tokens=20, depth=depth, **kw):
                 toks.extend(ev.token_ids)
