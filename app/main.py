@@ -37,15 +37,18 @@ def _lock_data_folder():
         return None, None
 
 
+from app.qt_app import APP_ID, APP_NAME, application  # noqa: F401  (the app's QApplication)
+
+
 def _tell_user(title: str, text: str) -> None:
     """A dialog where a person can see one (not on the offscreen platform: nobody would)."""
     import os
 
     if os.environ.get("QT_QPA_PLATFORM", "") in ("offscreen", "minimal"):
         return
-    from PySide6.QtWidgets import QApplication, QMessageBox
+    from PySide6.QtWidgets import QMessageBox
 
-    QApplication.instance() or QApplication(sys.argv[:1])
+    application()
     QMessageBox.warning(None, title, text)
 
 
@@ -85,13 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtpchat: {advice(missing)}", file=sys.stderr)
         return 4
     from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
 
     from app.chat.main_window import MainWindow
 
-    qapp = QApplication.instance() or QApplication(sys.argv[:1])
-    qapp.setApplicationName("MTP Chat")
-    qapp.setApplicationVersion(__version__)
+    qapp = application()
     try:
         window = MainWindow(model_path=args.model)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: say it, never abort

@@ -10,6 +10,12 @@ Any failure exits non-zero with the reason on stderr: 2 = model missing, 1 = a c
 ``MTPCHAT_SELFTEST_FAKE=1`` swaps in the scripted fake engine (for the app's own tests only;
 ``MTPCHAT_SELFTEST_FAKE_TPS`` sets its speed, default 400 tokens/s);
 ``MTPCHAT_SELFTEST_TIMEOUT`` (seconds, default 600) bounds each wait.
+
+The self-test neither depends on nor changes the user's saved state: the window runs with the
+built-in defaults of every setting (chat defaults, preferences, window sizes, the local server,
+which therefore never starts from a saved "serve whenever a model is loaded"), and what it
+would save stays in memory (:func:`isolate_settings`). It still writes (and then erases) one
+test conversation in the chat database: that a reply can be saved is what it checks.
 """
 from __future__ import annotations
 
@@ -22,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, Slot
-from PySide6.QtWidgets import QApplication
 
+from app.chat import main_window as main_window_module
 from app.chat.main_window import MainWindow
 from app.chat.session import STORAGE_ERRORS
 from app.chat.stats_line import format_stats
@@ -59,10 +65,11 @@ def run_self_test(args) -> int:
         if not Path(path).exists():
             path = tempfile.mkdtemp(prefix="mtpchat-fake-model-")
         _say("using the scripted FAKE engine (MTPCHAT_SELFTEST_FAKE=1)")
-    qapp = QApplication.instance() or QApplication(sys.argv[:1])
-    qapp.setApplicationName("MTP Chat")
+    from app.qt_app import application
+
+    application()
     try:
-        window = MainWindow(model_path=path, loader=loader, autoload=False)
+        window = _isolated_window(path, loader)
     except Exception as exc:
         log.debug("the window could not be built", exc_info=exc)
         _say(f"FAIL: the window could not be built: {describe(exc)}")
@@ -83,6 +90,40 @@ def run_self_test(args) -> int:
     _say("OK: " + report)
     print("self-test: OK")
     return 0
+
+
+def isolate_settings(store):
+    """Make ``store`` (a ``ChatStore``) read every app setting as unset (the built-in
+    defaults) and keep what is set in memory only, never in the database; returns it."""
+    session: dict = {}
+
+    def get_setting(key, default=None):
+        return session.get(key, default)
+
+    def set_setting(key, value) -> None:
+        session[key] = value
+
+    store.get_setting = get_setting
+    store.set_setting = set_setting
+    store.isolated_settings = session
+    return store
+
+
+def _isolated_window(path: str, loader) -> MainWindow:
+    """The main window over the user's chat database with its settings isolated (see the
+    module docstring): ``MainWindow`` opens the store and reads the settings in its
+    constructor, so its ``open_chat_store`` is wrapped while it is built."""
+    original = main_window_module.open_chat_store
+
+    def open_isolated(path_fn):
+        store, notice = original(path_fn)
+        return isolate_settings(store), notice
+
+    main_window_module.open_chat_store = open_isolated
+    try:
+        return MainWindow(model_path=path, loader=loader, autoload=False)
+    finally:
+        main_window_module.open_chat_store = original
 
 
 def _check_store(window) -> None:

@@ -2,8 +2,8 @@
 OpenAI/Anthropic routes (``engine.server``) on 127.0.0.1, sharing the worker's scheduler.
 
 The chat's replies and the server's requests queue in the same FIFO (the worker's
-``Scheduler``) and run one at a time on the worker thread, so they never race for the model;
-a cancel from any client ends its request within one cycle.
+``Scheduler``) and decode together, as rows of one batch, on the worker thread, so they never
+race for the model; a cancel from any client ends its request within one cycle.
 
 Pieces (logic apart from widgets, as in the rest of the app):
 - ``ServerSettings``: the preference (on at start, port, optional API key, web origins
@@ -297,7 +297,7 @@ class ServerDialog(QDialog):
         lay = QVBoxLayout(self)
         note = QLabel("Serves the chat's model to other programs (the openai and anthropic "
                       f"clients, coding agents) on {HOST} only. Chat replies and server "
-                      "requests take turns on the model.", self)
+                      "requests decode together on the model, up to 8 at once.", self)
         note.setWordWrap(True)
         lay.addWidget(note)
         form = QFormLayout()

@@ -14,6 +14,10 @@ Called from any thread:
   rendered on the worker thread when it starts); streams ``delta``/``stats``.
 - ``start_tune(path)``: runs ``engine.depth.tuner.tune`` on the loaded model (loads ``path`` first if
   it is another model); ``cancel_tune()`` stops it (the result then has ``cancelled=True``).
+- ``start_verify(seconds=..., depth=None)``: runs the exactness check
+  ``engine.decoding.verify.verify`` on the loaded model; ``cancel_verify()`` stops it (the
+  result then has ``cancelled=True``). One check at a time: while a tune or another check runs
+  it is refused with ``verify_failed`` (and a tune asked for while a check runs, ``tune_failed``).
 - ``scheduler``: the shared scheduler; the local server (``app.server_control``) submits
   its requests there too.
 
@@ -32,6 +36,8 @@ Signals (emitted from the worker thread, delivered queued to UI objects):
   for requests of other clients (the local server), with negative request ids, so the
   dashboard can show them; the chat's own signals carry only chat replies.
 - ``tune_progress(done, total, message)``, ``tune_finished(TuneResult)``, ``tune_failed(str)``.
+- ``verify_progress(done, total, message)``, ``verify_done(dict)`` (``VerifyResult.to_dict()``),
+  ``verify_failed(str)``.
 
 Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
 and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
@@ -73,6 +79,7 @@ Loader = Callable[[str], Any]
 GIL_SWITCH_S = 0.001
 CHAT = "chat"  # the scheduler client name of the chat's replies
 MAX_QUEUE = 64
+VERIFY_SECONDS = 60.0  # the exactness check's time budget (its sampled replies fill it)
 
 
 @dataclass(frozen=True)
@@ -109,10 +116,14 @@ class Worker(QObject):
     tune_progress = Signal(int, int, str)
     tune_finished = Signal(object)
     tune_failed = Signal(str)
+    verify_progress = Signal(int, int, str)
+    verify_done = Signal(object)
+    verify_failed = Signal(str)
 
     _sig_load = Signal(str)
     _sig_wake = Signal()
     _sig_tune = Signal(str)
+    _sig_verify = Signal(float, int)
 
     def __init__(self, *, loader: Loader | None = None) -> None:
         super().__init__()
@@ -121,6 +132,8 @@ class Worker(QObject):
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}
         self._tune_cancel = threading.Event()
+        self._verify_cancel = threading.Event()
+        self._job: str | None = None  # "tune" or "verify" while one is asked for or runs
         self._other_ids: dict[str, int] = {}
         self._other_seq = itertools.count(1)
         self.scheduler = Scheduler.hosted(self._sig_wake.emit, max_queue=MAX_QUEUE,
@@ -130,6 +143,7 @@ class Worker(QObject):
         # queued even when emitted on the worker thread: one request per event-loop turn
         self._sig_wake.connect(self.on_wake, Qt.ConnectionType.QueuedConnection)
         self._sig_tune.connect(self.tune)
+        self._sig_verify.connect(self.verify)
 
     # -- called from any thread ------------------------------------------------------------
     def load_model(self, path: str) -> None:
@@ -154,8 +168,41 @@ class Worker(QObject):
     generate = submit
 
     def start_tune(self, path: str = "") -> None:
+        with self._lock:
+            busy = self._job == "verify"
+            if not busy:
+                self._job = "tune"
+        if busy:
+            self.tune_failed.emit("The exactness check is running: wait for it to finish "
+                                  "(or cancel it) before tuning.")
+            return
         self._tune_cancel.clear()
         self._sig_tune.emit(str(path))
+
+    def start_verify(self, seconds: float = VERIFY_SECONDS, depth: int | None = None) -> bool:
+        """Start the exactness check on the loaded model (on the worker thread). False, with
+        ``verify_failed``, while a tune or another check runs."""
+        with self._lock:
+            job = self._job
+            if job is None:
+                self._job = "verify"
+        if job is not None:
+            self.verify_failed.emit(
+                "The exactness check is already running." if job == "verify" else
+                "The depth tuner is running: wait for it to finish (or cancel it) before "
+                "checking exactness.")
+            return False
+        self._verify_cancel.clear()
+        self._sig_verify.emit(float(seconds), -1 if depth is None else int(depth))
+        return True
+
+    def cancel_verify(self) -> None:
+        self._verify_cancel.set()
+
+    @property
+    def busy(self) -> str | None:
+        """``"tune"`` or ``"verify"`` while one is asked for or runs, else None."""
+        return self._job
 
     def cancel(self, request_id: int) -> None:
         with self._lock:
@@ -173,6 +220,7 @@ class Worker(QObject):
             ev.set()
         self.scheduler.cancel_all()
         self._tune_cancel.set()
+        self._verify_cancel.set()
 
     @property
     def model_info(self) -> Any:
@@ -288,6 +336,39 @@ class Worker(QObject):
         except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
             self._log_unexpected(exc, "tune")
             self.tune_failed.emit(describe(exc))
+        finally:
+            self._end_job("tune")
+
+    def _end_job(self, job: str) -> None:
+        with self._lock:
+            if self._job == job:
+                self._job = None
+
+    @Slot(float, int)
+    def verify(self, seconds: float, depth: int) -> None:
+        try:
+            result = self._verify(seconds, None if depth < 0 else depth)
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._end_job("verify")
+            self._log_unexpected(exc, "verify")
+            self.verify_failed.emit(describe(exc))
+            return
+        self._end_job("verify")  # before the signal: a view may start the next one at once
+        self.verify_done.emit(result)
+
+    def _verify(self, seconds: float, depth: int | None) -> dict:
+        # looked up at each call: tests replace it
+        from engine.decoding import verify as verify_mod
+
+        if self._model is None:
+            raise EngineError("Load a model before checking its exactness.")
+
+        def progress(done: int, total: int, message: str) -> None:
+            self.verify_progress.emit(int(done), int(total), str(message))
+
+        result = verify_mod.verify(self._model, depth=depth, seconds=seconds,
+                                   progress=progress, cancel=self._verify_cancel)
+        return result.to_dict() if hasattr(result, "to_dict") else dict(result)
 
     def _tune(self, path: str) -> None:
         current = self._model.info.path if self._model is not None else None
@@ -301,6 +382,7 @@ class Worker(QObject):
 
         result = tuner.tune(self._model, depths=tuner.DEPTHS, progress=progress,
                             cancel=self._tune_cancel)  # the same depths as `engine tune`
+        self._end_job("tune")  # before the signal: a view may start a check at once
         self.tune_finished.emit(result)
 
     @staticmethod

@@ -17,7 +17,7 @@ import logging
 import sys
 
 from engine.commands import (bench, catalog, convert, generate, info, inspect, list_models, pull,
-                             rm, search, serve, train_demo, tune)
+                             rm, search, serve, train_demo, tune, verify)
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ VERBS = {
     "convert": convert, "pull": pull, "list": list_models, "rm": rm, "catalog": catalog,
     "search": search,
     "train-demo": train_demo, "serve": serve,
+    "verify": verify,
 }
 USAGE_ERROR = 2
 

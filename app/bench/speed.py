@@ -197,17 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("MTPCHAT_HOME", tempfile.mkdtemp(prefix="mtpchat-bench-"))
     os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")
-    from PySide6.QtWidgets import QApplication
-
     from app.logging_setup import install_qt_message_handler, setup_logging
+    from app.qt_app import application
     from app.paths import default_model_path
 
     setup_logging(logging.WARNING)  # as the app does (a DEBUG log file, Qt messages routed)
     install_qt_message_handler()
 
     path = str(args.model or default_model_path())
-    qapp = QApplication.instance() or QApplication(sys.argv[:1])
-    qapp.setApplicationName("MTP Chat (speed bench)")
+    application()  # the QApplication, named "MTP Chat" as the app
     app = AppSide(args, path)
     refs = {}
     if args.reference in ("cli", "both"):

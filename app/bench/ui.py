@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     import psutil
     from PySide6.QtWidgets import QApplication
 
-    qapp = QApplication.instance() or QApplication(sys.argv[:1])
-    qapp.setApplicationName("MTP Chat (bench)")
+    from app.qt_app import application
+
+    application()  # the QApplication, named "MTP Chat" as the app
     bench = _Bench(args)
     _spin_until(lambda: bench.window.model.info is not None, 30)
     if bench.window.model.info is None:

@@ -10,14 +10,20 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from PySide6.QtCore import QObject, Slot
+from PySide6.QtCore import QObject, Qt, Slot
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QWidget
 
 from app.dashboard.recorder import SessionRecord
 from app.dashboard.window import DashboardWindow
 from app.loaded_model import LoadedModel
 from app.models.window import ModelsWindow
-from app.window_state import SettingsStore, fit_to_screen, restore_geometry, save_geometry
+from app.window_state import (
+    SettingsStore,
+    fit_to_screen,
+    restore_geometry,
+    save_geometry,
+)
 from app.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -64,10 +70,12 @@ class AuxWindows(QObject):
             self.dashboard.tune_requested.connect(lambda: self.start_tune(""))
             # a direct call: the worker thread is busy tuning
             self.dashboard.tune_cancel_requested.connect(lambda: w.cancel_tune())
+            self.dashboard.attach_verifier(w)
             self.dashboard.set_model_info(self._model.info)
             if self.tuning is not None:
                 self.dashboard.on_tune_progress(*self.tuning)
             self._restore(self.dashboard, "dashboard")
+            add_close_keys(self.dashboard)
         _raise(self.dashboard)
         return self.dashboard
 
@@ -79,6 +87,7 @@ class AuxWindows(QObject):
             self.models.set_loaded_model(self._model.info)
             fit_to_screen(self.models, (self.models.width(), self.models.height()))
             self._restore(self.models, "models")
+            add_close_keys(self.models)
             if self.tuning is not None:
                 self.models.on_tune_progress(*self.tuning)
         _raise(self.models)
@@ -145,6 +154,18 @@ class AuxWindows(QObject):
                 w.close()
                 w.deleteLater()
         self.dashboard = self.models = None
+
+
+def add_close_keys(w: QWidget) -> QShortcut:
+    """Esc and Ctrl+W (⌘W on a Mac, plus the platform's own Close key) close ``w``."""
+    keys = [QKeySequence(Qt.Key.Key_Escape), QKeySequence("Ctrl+W"),
+            *QKeySequence.keyBindings(QKeySequence.StandardKey.Close)]
+    named = {k.toString(): k for k in keys if not k.isEmpty()}
+    sc = QShortcut(w)
+    sc.setKeys(list(named.values()))
+    sc.setContext(Qt.ShortcutContext.WindowShortcut)
+    sc.activated.connect(w.close)
+    return sc
 
 
 def _raise(w: QWidget) -> None:

@@ -59,7 +59,9 @@ class Composer(QWidget):
         self.edit_banner.setObjectName("undoBar")
         bl = QHBoxLayout(self.edit_banner)
         bl.setContentsMargins(8, 2, 4, 2)
-        self.edit_label = QLabel("Editing a message — sending replaces it and every later message.")
+        self.edit_label = QLabel("Editing a message — sending starts a new branch from here; the original stays, "
+                                 "reachable with the ‹ › arrows.")
+        self.edit_label.setWordWrap(True)
         self.cancel_edit_button = QPushButton("Cancel edit")
         self.cancel_edit_button.setAccessibleName("Cancel editing")
         self.cancel_edit_button.clicked.connect(self.cancel_edit)
@@ -72,12 +74,14 @@ class Composer(QWidget):
         self.chip_row.setContentsMargins(0, 0, 0, 0)
         self.attach_button = QToolButton(self)
         self.attach_button.setText("Attach…")
+        self.attach_button.setObjectName("composerToggle")
         self.attach_button.setAccessibleName("Attach files")
         self.attach_button.setToolTip("Attach text, code, Markdown or PDF files (or drop them here)")
         self.attach_button.clicked.connect(self.ask_files)
         self.chip_row.addWidget(self.attach_button)
         self.think_button = QToolButton(self)
         self.think_button.setText("Think")
+        self.think_button.setObjectName("composerToggle")  # its checked state: theme.py
         self.think_button.setCheckable(True)
         self.think_button.setAccessibleName("Thinking")
         self.think_button.setToolTip("Let the model think before it answers (this chat)")
@@ -102,6 +106,7 @@ class Composer(QWidget):
         """The message box, and Send/Stop on its right."""
         row = QHBoxLayout()
         self.edit = ComposerEdit(self)
+        self.edit.setObjectName("textInput")  # a visible border in both themes: theme.py
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.edit.setAccessibleName("Message input")
         self.edit.setTabChangesFocus(True)

@@ -15,10 +15,11 @@ Contract
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 from pathlib import Path
 
-from app.chat.export import to_json, to_markdown
+from app.chat.export import file_name, to_json, to_markdown
 from app.chat.markdown import plain_inline
 from app.chat.settings import ChatSettings
 from app.db import LEAF, Attachment, ChatStore, Conversation, Message
@@ -33,14 +34,21 @@ def make_title(text: str, limit: int = 48) -> str:
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
+_MARKUP = re.compile(r"``|`|\*\*|\*|::|(?<!\w)\.\.(?!\.)|^#+\s*", re.M)
+
+
 def snippet(text: str, term: str, width: int = 70) -> str:
-    """One line of ``text`` around the first (case-insensitive) occurrence of ``term``."""
-    flat = " ".join(text.split())
+    """One line of ``text`` around the first (case-insensitive) occurrence of ``term``: the
+    Markdown/RST markup (backticks, asterisks, ``::``, ``..``, headings) taken out, clipped at
+    word boundaries, with "…" on each clipped side."""
+    flat = " ".join(_MARKUP.sub("", text).split())
     i = flat.lower().find(term.strip().lower())
-    if i < 0:
-        return flat[:width] + ("…" if len(flat) > width else "")
-    start = max(0, i - width // 3)
+    start = 0 if i < 0 else max(0, i - width // 3)
     end = min(len(flat), start + width)
+    if start and " " in flat[start:i]:  # begin at a word
+        start = flat.index(" ", start) + 1
+    if end < len(flat) and " " in flat[max(i, start) + 1:end]:  # end after a word
+        end = flat.rindex(" ", max(i, start) + 1, end)
     return ("…" if start else "") + flat[start:end] + ("…" if end < len(flat) else "")
 
 
@@ -147,6 +155,13 @@ class Conversations:
         if conv is not None and conv.title == NEW_TITLE:
             self.store.rename_conversation(conv_id, make_title(text))
 
+    def retitle_after_edit(self, conv_id: int, old: Message, text: str) -> None:
+        """The first message (no parent) was edited: a title made from its old text, not
+        one the user chose, follows the new text."""
+        conv = self.get(conv_id)
+        if old.parent_id is None and conv is not None and conv.title == make_title(old.content):
+            self.store.rename_conversation(conv_id, make_title(text))
+
     def delete(self, conv_id: int) -> Conversation | None:
         """Soft-delete (undoable); an earlier undoable deletion becomes final. If it was the
         current conversation, ``current`` becomes None: open ``next_after_delete()``."""
@@ -204,7 +219,8 @@ class Conversations:
     def export_text(self, conv_id: int, fmt: str) -> str:
         conv = self.get(conv_id)
         msgs = self.store.messages(conv_id)
-        return to_markdown(conv, msgs) if fmt == "md" else to_json(conv, msgs)
+        files = self.store.attachments([m.id for m in msgs])
+        return to_markdown(conv, msgs, files) if fmt == "md" else to_json(conv, msgs, files)
 
     def export(self, conv_id: int, fmt: str, path: str | Path) -> Path:
         out = Path(path)
@@ -212,9 +228,7 @@ class Conversations:
         return out
 
     def export_name(self, conv_id: int, fmt: str) -> str:
-        title = self.title(conv_id, "chat")
-        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in title).strip()
-        return f"{safe or 'chat'}.{'md' if fmt == 'md' else 'json'}"
+        return file_name(self.title(conv_id, "chat"), fmt)
 
     # -- settings ----------------------------------------------------------------------------
     def settings_for(self, conv_id: int) -> ChatSettings:

@@ -1,20 +1,60 @@
-"""Export a conversation to Markdown or JSON (plain functions over ``app.db`` records)."""
+"""Export a conversation to Markdown or JSON (plain functions over ``app.db`` records).
+
+``to_markdown`` and ``to_json`` take the conversation (its current title), its messages and
+``attachments`` (message id -> its ``Attachment`` list, as ``ChatStore.attachments`` returns),
+each attachment's name and text going with the message it came with. ``file_name(title, fmt)``
+is a clean default file name for the export.
+"""
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from app.chat.markdown import split_think
-from app.db import Conversation, Message
+from app.db import Attachment, Conversation, Message
 
 EXPORT_FORMAT = "mtpchat-conversation"
 EXPORT_VERSION = 1
 _ROLE_TITLES = {"user": "User", "assistant": "Assistant", "system": "System"}
 
 
-def to_markdown(conv: Conversation, messages: Sequence[Message]) -> str:
-    """A readable transcript; reasoning goes into a collapsed ``<details>`` section."""
+Attachments = Mapping[int, Sequence[Attachment]]
+_FENCE_LANG = {"markdown": "markdown", "code": ""}
+MAX_NAME = 80
+
+
+def file_name(title: str, fmt: str) -> str:
+    """A default file name from ``title``: letters, digits, spaces, dashes and inner dots kept,
+    any other run of characters becomes one space (no "_" stand-ins), at most ``MAX_NAME``
+    characters, ending in ``.md`` or ``.json``; "chat" when nothing is left."""
+    words = re.sub(r"[^\w\s.-]|_", " ", title.replace("…", " "))
+    words = re.sub(r"\.{2,}", " ", words)  # ellipses and ".." (never a path part)
+    clean = " ".join(words.split()).strip(" .-")
+    if len(clean) > MAX_NAME:
+        clean = clean[:MAX_NAME].rsplit(" ", 1)[0].strip(" .-") or clean[:MAX_NAME]
+    return f"{clean or 'chat'}.{'md' if fmt == 'md' else 'json'}"
+
+
+def _fence(text: str) -> str:
+    """A backtick fence longer than any run of backticks in ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _attachment_markdown(a: Attachment) -> list[str]:
+    fence = _fence(a.content)
+    lang = _FENCE_LANG.get(a.kind, "")
+    if a.kind == "code" and "." in a.name:
+        lang = a.name.rsplit(".", 1)[1].lower()
+    return [f"**Attachment: {a.name}**", "", f"{fence}{lang}", a.content.rstrip("\n"), fence, ""]
+
+
+def to_markdown(conv: Conversation, messages: Sequence[Message],
+                attachments: Attachments | None = None) -> str:
+    """A readable transcript; reasoning goes into a collapsed ``<details>`` section, each
+    attachment (name and text) into a fenced block under the message it came with."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.created_at))
     out = [f"# {conv.title}", "", f"*Exported from MTP Chat — started {when}*", ""]
     system = conv.settings.get("system_prompt") if conv.settings else None
@@ -32,16 +72,27 @@ def to_markdown(conv: Conversation, messages: Sequence[Message]) -> str:
             out += [parts.answer.strip(), ""]
         else:
             out += [m.content.strip(), ""]
+        for a in (attachments or {}).get(m.id, ()):
+            out += _attachment_markdown(a)
     return "\n".join(out).rstrip() + "\n"
 
 
-def to_json(conv: Conversation, messages: Sequence[Message]) -> str:
-    """Everything we store, in a versioned envelope (stable keys; safe to re-import later)."""
+def to_json(conv: Conversation, messages: Sequence[Message],
+            attachments: Attachments | None = None) -> str:
+    """Everything we store, in a versioned envelope (stable keys; safe to re-import later);
+    a message with attachments has ``"attachments": [{"name", "kind", "content"}, ...]``."""
     data = {
         "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
         "title": conv.title, "created_at": conv.created_at, "updated_at": conv.updated_at,
         "settings": conv.settings,
-        "messages": [{"role": m.role, "content": m.content, "created_at": m.created_at,
-                      "meta": m.meta} for m in messages],
+        "messages": [_message_json(m, (attachments or {}).get(m.id, ())) for m in messages],
     }
     return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def _message_json(m: Message, attachments: Sequence[Attachment]) -> dict:
+    out = {"role": m.role, "content": m.content, "created_at": m.created_at, "meta": m.meta}
+    if attachments:
+        out["attachments"] = [{"name": a.name, "kind": a.kind, "content": a.content}
+                              for a in attachments]
+    return out

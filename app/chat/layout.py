@@ -1,8 +1,9 @@
-"""One helper for the chat widgets' box layouts."""
+"""Helpers for the chat widgets: box layouts, shortcut names in the platform's own words."""
 from __future__ import annotations
 
 from typing import TypeVar
 
+from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QBoxLayout, QWidget
 
 B = TypeVar("B", bound=QBoxLayout)
@@ -17,3 +18,8 @@ def box_layout(kind: type[B], parent: QWidget | None = None, *,
     if spacing >= 0:
         lay.setSpacing(spacing)
     return lay
+
+
+def native_shortcut(key: QKeySequence.StandardKey | str) -> str:
+    """How this platform writes a shortcut ("Ctrl+F" here, "⌘F" on a Mac)."""
+    return QKeySequence(key).toString(QKeySequence.SequenceFormat.NativeText)

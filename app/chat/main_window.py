@@ -21,6 +21,7 @@ another database (tests, the bench); ``autoload=False`` skips loading a model at
 from __future__ import annotations
 
 import gc
+from importlib import metadata
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
@@ -36,7 +37,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import __version__
 from app.chat.aux_windows import AuxWindows
 from app.chat.composer import Composer
 from app.chat.conversation_controller import ConversationController
@@ -56,9 +56,11 @@ from app.chat.theme import apply_app_style, apply_theme
 from app.db import open_chat_store
 from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
-from app.server_control import ServerControl, install as install_server
+from app.server_control import ServerControl
+from app.server_control import install as install_server
 from app.window_state import fit_to_screen, restore_geometry, save_geometry
 from app.worker import Loader, WorkerThread
+from engine import __version__ as engine_version
 from engine.types import ModelInfo
 
 
@@ -75,7 +77,26 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-DEFAULT_SIZE = (1180, 760)  # within a 1280×800 screen's available area
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def about_text() -> str:
+    """The About box: name, version, what it does, the MLX and mlx-lm versions, a credit."""
+    return (f"<h3>MTP Chat</h3><p>Version {engine_version}</p>"
+            "<p>Chat with language models on your own Mac, faster through exact "
+            "multi-token-prediction (MTP) speculative decoding: the model drafts several tokens "
+            "ahead and keeps only those it would have written anyway.</p>"
+            f"<p>MLX {_package_version('mlx')} · mlx-lm {_package_version('mlx-lm')}</p>"
+            "<p>Built on Apple's MLX and mlx-lm, and Qt for Python (PySide6).</p>")
+
+
+DEFAULT_SIZE = (1180, 760)
+CHAT_MIN_WIDTH = 360   # the chat column never gets narrower (the side panels give way)
+CHAT_READABLE = 480    # what opening the settings panel leaves it, where the window allows  # within a 1280×800 screen's available area
 DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?",
                  "Explain str.split.")
 
@@ -99,6 +120,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("MTP Chat")
         self._closed = False
         self._restyling = False
+        self._sidebar_width = 0  # the sidebar's width before the settings panel narrowed it
         self.store, self.store_notice = open_chat_store(
             (lambda: Path(db_file)) if db_file else db_path)
         self.conversations = Conversations(self.store)
@@ -119,6 +141,7 @@ class MainWindow(QMainWindow):
                               on_tune=self.tune_model, store=self.store)
         self.server = ServerControl(self.worker, self.model, self.store, self)
         install_server(self, self.server)
+        self._help_menu_last()
         fit_to_screen(self, DEFAULT_SIZE)
         restore_geometry(self.store, "main", self)
         self.apply_preferences(self.prefs)
@@ -150,7 +173,9 @@ class MainWindow(QMainWindow):
         self.settings_button.setCheckable(True)
         self.settings_button.setAccessibleName("Show chat settings")
         self.settings_button.toggled.connect(self.settings_panel.setVisible)
+        self.settings_button.toggled.connect(self.fit_panes)
         pane = QWidget(self)
+        pane.setMinimumWidth(CHAT_MIN_WIDTH)  # the splitter narrows the side panels first
         pl = box_layout(QVBoxLayout, pane, margins=(0, 8, 0, 0), spacing=4)
         header = box_layout(QHBoxLayout, margins=(16, 0, 12, 0))
         header.addWidget(self.picker, 1)
@@ -172,6 +197,28 @@ class MainWindow(QMainWindow):
         self.data_notice_box = DataNotice(self)
         self.data_notice = self.data_notice_box.label
         self.statusBar().addPermanentWidget(self.data_notice_box)
+
+    def fit_panes(self, panel_open: bool = True) -> None:
+        """The settings panel just opened: give it a quarter of the width (at most 320 px,
+        at least its minimum) and keep the chat column at least ``CHAT_READABLE`` wide,
+        narrowing the sidebar (to its minimum) before the panel. Closed: the sidebar gets
+        back the width it had."""
+        sp = self.splitter
+        total = sp.width() - sp.handleWidth() * 2
+        side, panel = self.sidebar, self.settings_panel
+        if not panel_open:
+            if self._sidebar_width > side.width():
+                side_w = min(self._sidebar_width, max(side.width(), total - CHAT_READABLE))
+                sp.setSizes([side_w, total - side_w, 0])
+            return
+        self._sidebar_width = max(self._sidebar_width, side.width())
+        panel_w = max(panel.minimumWidth(), min(320, total // 4))
+        side_w = max(side.minimumWidth(), min(side.width(), total - panel_w - CHAT_READABLE))
+        chat_w = total - side_w - panel_w
+        if chat_w < CHAT_READABLE:
+            panel_w = max(panel.minimumWidth(), total - side_w - CHAT_READABLE)
+            chat_w = total - side_w - panel_w
+        sp.setSizes([side_w, chat_w, panel_w])
 
     def _build_controllers(self) -> None:
         self.dialogs = Dialogs(self)
@@ -212,10 +259,16 @@ class MainWindow(QMainWindow):
         view.addSeparator()
         self._action(view, "&Dashboard…", lambda: self.aux.show_dashboard(), QKeySequence("Ctrl+Shift+D"))
         self._action(view, "&Models…", lambda: self.aux.show_models(), QKeySequence("Ctrl+Shift+M"))
-        help_menu = mb.addMenu("&Help")
-        self._action(help_menu, "&About MTP Chat", self.show_about)
+        self.help_menu = mb.addMenu("&Help")
+        self._action(self.help_menu, "&About MTP Chat", self.show_about)
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         esc.activated.connect(sending.on_escape)
+
+    def _help_menu_last(self) -> None:
+        """File, Edit, View, Server, Help: menus added after ours (the server's) go before Help."""
+        mb, action = self.menuBar(), self.help_menu.menuAction()
+        mb.removeAction(action)
+        mb.addAction(action)
 
     def _action(self, menu, text: str, slot, shortcut=None) -> QAction:
         a = QAction(text, self)
@@ -352,6 +405,7 @@ class MainWindow(QMainWindow):
             self.conversations.set_defaults(dlg.defaults())
             self.conversations.set_preferences(dlg.preferences().__dict__)
             self.apply_preferences(dlg.preferences())
+            self.settings_panel.set_defaults(self.conversations.defaults)
 
     def apply_preferences(self, prefs: AppPreferences) -> None:
         self.prefs = prefs
@@ -381,6 +435,7 @@ class MainWindow(QMainWindow):
             self.chats.reload_view()
         finally:
             self._restyling = False
+        self._sidebar_width = 0  # the sidebar's width before the settings panel narrowed it
 
     @Slot(Qt.ColorScheme)
     def on_color_scheme_changed(self, _scheme) -> None:
@@ -395,9 +450,7 @@ class MainWindow(QMainWindow):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def show_about(self) -> None:
-        QMessageBox.about(self, "About MTP Chat",
-                          f"MTP Chat {__version__}\n\nLocal chat with exact multi-token-prediction "
-                          "speculative decoding.")
+        QMessageBox.about(self, "About MTP Chat", about_text())
 
     def _full_text(self, msg_id: int) -> str:
         """A message's whole text (the view reads only the start of a long one)."""

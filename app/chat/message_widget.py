@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBut
 from app.chat.flow import MarkdownFlow
 from app.chat.full_text import FullTextDialog, size_text
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
-from app.chat.stats_line import format_stats
+from app.chat.stats_line import format_stats, stats_tooltip
 
 
 class ThinkCard(QFrame):
@@ -300,6 +300,7 @@ class MessageWidget(QFrame):
         if self.tint and self.role == "assistant" and final:
             line += " · tinted: text from accepted drafts"
         self.stats_label.setText(line)
+        self.stats_label.setToolTip(stats_tooltip(meta.get("stats")) if final else "")
         self.stats_label.setVisible(bool(line))
         self._streaming = not final
         self.copy_button.setVisible(final)

@@ -10,9 +10,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QHBoxLayout, QLabel, QProgressBar, QSizePolicy,
-                               QWidget)
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QSizePolicy,
+    QStyle,
+    QStyleOptionComboBox,
+    QStylePainter,
+    QWidget,
+)
 
 from engine.hub.store import Store
 from engine.paths import store_root
@@ -42,6 +52,33 @@ def describe_capability(info) -> str:
     return f"MTP · ≤{info.max_depth} drafts"
 
 
+class FittingCombo(QComboBox):
+    """A combo box as wide as its longest entry where there is room, narrower (down to
+    ``minimumContentsLength`` characters, the current entry elided with "…") where not."""
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        base = super().sizeHint()
+        fm = self.fontMetrics()
+        widest = max((fm.horizontalAdvance(self.itemText(i)) for i in range(self.count())),
+                     default=0)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        size = self.style().sizeFromContents(QStyle.ContentsType.CT_ComboBox, opt,
+                                             QSize(widest + 4, fm.height()), self)
+        return QSize(max(base.width(), size.width()), base.height())
+
+    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
+        p = QStylePainter(self)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        p.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
+                                            QStyle.SubControl.SC_ComboBoxEditField, self)
+        opt.currentText = self.fontMetrics().elidedText(opt.currentText,
+                                                        Qt.TextElideMode.ElideRight, field.width())
+        p.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
+
+
 class ModelPicker(QWidget):
     load_requested = Signal(str)
 
@@ -49,7 +86,7 @@ class ModelPicker(QWidget):
         super().__init__(parent)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.combo = QComboBox(self)
+        self.combo = FittingCombo(self)
         self.combo.setAccessibleName("Model")
         self.combo.setToolTip("The model this window chats with")
         self.combo.setMinimumContentsLength(12)
@@ -69,10 +106,11 @@ class ModelPicker(QWidget):
         self.status.setAccessibleName("Model status")
         # never widens the header: a narrow window shows less of it, not a clipped panel
         self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        lay.addWidget(self.combo)
+        lay.addWidget(self.combo, 0)
         lay.addWidget(self.badge)
         lay.addWidget(self.progress)
         lay.addWidget(self.status, 1)
+        lay.addStretch(0)  # room left over stays beside the picker, not inside it
         self.current_path: str | None = None
         self.info = None
         self.refresh()
@@ -88,6 +126,16 @@ class ModelPicker(QWidget):
         if self.current_path:
             self.combo.setCurrentIndex(max(0, self.combo.findData(self.current_path)))
         self.combo.blockSignals(False)
+        self._sync_tooltip()
+        self.combo.updateGeometry()
+
+    def _sync_tooltip(self) -> None:
+        """The full name of the model (the combo may show it elided)."""
+        name = self.combo.currentText() if self.current_path else ""
+        if self.info is not None and self.info.name not in name:
+            name = f"{name} — {self.info.name}"
+        self.combo.setToolTip(f"{name}\nThe model this window chats with" if name
+                              else "The model this window chats with")
 
     def _on_activated(self, index: int) -> None:
         path = self.combo.itemData(index)
@@ -106,6 +154,7 @@ class ModelPicker(QWidget):
         self.badge.hide()
         self.progress.show()
         self.status.setText(text)
+        self.status.show()
 
     def set_loaded(self, info) -> None:
         self.info = info
@@ -116,7 +165,11 @@ class ModelPicker(QWidget):
         self.badge.setToolTip("Drafts tokens with its multi-token-prediction heads"
                               if info.has_mtp else "No MTP heads: plain decoding only")
         self.badge.show()
+        # the name is the picker's own entry (and its tooltip): no second label beside it
         self.status.setText(info.name)
+        self.status.setToolTip("")
+        self.status.hide()
+        self._sync_tooltip()
 
     def set_failed(self, message: str) -> None:
         self.info = None
@@ -124,3 +177,4 @@ class ModelPicker(QWidget):
         self.badge.hide()
         self.status.setText(message)
         self.status.setToolTip(message)
+        self.status.show()

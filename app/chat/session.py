@@ -211,6 +211,8 @@ class ChatSession(QObject):
             kept = self.conversations.attachments(conv_id).get(msg_id, []) if old else []
             self.conversations.add_user_message(
                 conv_id, text, attachments=kept, parent_id=old.parent_id if old else None)
+            if old is not None:
+                self.conversations.retitle_after_edit(conv_id, old, text)
         return self._write_then_reply(conv_id, write)
 
     def _write_then_reply(self, conv_id: int, write) -> int | None:

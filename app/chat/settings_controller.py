@@ -36,7 +36,7 @@ class ChatSettingsController(QObject):
     def show(self, conv_id: int) -> None:
         """The panel and the Think switch show ``conv_id``'s settings (it was opened)."""
         self.panel.form.set_settings(self.conversations.settings_for(conv_id))
-        self.panel.sync_preset()
+        self.panel.set_defaults(self.conversations.defaults)
         self.sync_thinking()
 
     def on_chat_settings_changed(self, settings: ChatSettings) -> None:
@@ -75,3 +75,4 @@ class ChatSettingsController(QObject):
     def reset_chat_settings(self) -> None:
         if self.current is not None:
             self.panel.form.set_settings(self.conversations.reset_settings(self.current))
+            self.panel.set_defaults(self.conversations.defaults)

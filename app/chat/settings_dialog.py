@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -30,6 +31,8 @@ from PySide6.QtWidgets import (
 from app.chat.settings import DEPTH_CHOICES, ChatSettings
 from app.chat.theme import THEME_MODES
 
+DEFAULT_PRESET = "\x00default"  # the preset combo's "Default" entry (no preset has this name)
+
 
 def _depth_label(d: int | str) -> str:
     return {"auto": "Auto (adaptive)", 0: "Off (plain decoding)"}.get(
@@ -49,6 +52,7 @@ class SettingsForm(QWidget):
         self.system_prompt = QPlainTextEdit(self)
         self.system_prompt.setPlaceholderText("You are a helpful assistant.")
         self.system_prompt.setAccessibleName("System prompt")
+        self.system_prompt.setObjectName("textInput")
         self.system_prompt.setFixedHeight(90)
         self.temperature = self._dspin(0.0, 2.0, 0.05, "Temperature")
         self.top_p = self._dspin(0.01, 1.0, 0.05, "Top-p")
@@ -141,7 +145,7 @@ class ChatSettingsPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Chat settings")
-        self.setMinimumWidth(230)
+        self.setMinimumWidth(210)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
         title = QLabel("<b>This chat</b>", self)
@@ -161,6 +165,7 @@ class ChatSettingsPanel(QWidget):
     def _preset_row(self) -> QVBoxLayout:
         row = QVBoxLayout()
         self.presets: dict[str, str] = {}
+        self.defaults: ChatSettings | None = None
         self.preset = QComboBox(self)
         self.preset.setAccessibleName("System prompt preset")
         self.preset.setToolTip("Saved system prompts: pick one for this chat")
@@ -189,28 +194,68 @@ class ChatSettingsPanel(QWidget):
         self.presets = dict(presets)
         self.preset.blockSignals(True)
         self.preset.clear()
-        self.preset.addItem("Custom", None)
+        self.preset.addItem("Default", DEFAULT_PRESET)
+        self.preset.setItemData(0, "The default settings for new chats (Settings…)",
+                                Qt.ItemDataRole.ToolTipRole)
         for name, _prompt in presets:
             self.preset.addItem(name, name)
         self.preset.blockSignals(False)
         self.sync_preset()
 
+    def set_defaults(self, defaults: ChatSettings | None) -> None:
+        """The app-wide defaults: the combo says "Default" while this chat uses exactly them."""
+        self.defaults = defaults
+        self.sync_preset()
+
     def sync_preset(self) -> None:
-        """The combo names the preset whose prompt this chat uses ("Custom" for none)."""
-        prompt = self.form.system_prompt.toPlainText() if hasattr(self, "form") else ""
+        """The combo names what this chat uses: "Default" (the defaults' values), the preset
+        whose prompt it has, or "Custom" (an entry present only while it applies)."""
+        if not hasattr(self, "form"):
+            return
+        settings = self.form.settings()
+        prompt = settings.system_prompt
         name = next((n for n, p in self.presets.items() if p == prompt and prompt), None)
-        self.preset.setCurrentIndex(max(0, self.preset.findData(name)) if name else 0)
+        if self.defaults is not None and settings == self.defaults:
+            target = DEFAULT_PRESET
+        else:
+            target = name
+        self.preset.blockSignals(True)
+        custom = self.preset.findData(None)
+        if target is None and custom < 0:
+            self.preset.addItem("Custom", None)
+        elif target is not None and custom >= 0:
+            self.preset.removeItem(custom)
+        self.preset.setCurrentIndex(max(0, self.preset.findData(target)))
+        self.preset.blockSignals(False)
         self.delete_preset.setEnabled(name is not None)
 
     def _on_preset_picked(self, index: int) -> None:
         name = self.preset.itemData(index)
-        if name in self.presets:
+        if name == DEFAULT_PRESET:
+            self.reset_requested.emit()
+        elif name in self.presets:
             self.form.system_prompt.setPlainText(self.presets[name])  # emits changed
 
     def _ask_preset_name(self) -> None:
         name, ok = QInputDialog.getText(self, "Save preset", "Preset name:")
         if ok and name.strip():
             self.preset_saved.emit(name.strip(), self.form.system_prompt.toPlainText())
+
+
+def align_form_labels(*forms: QFormLayout) -> int:
+    """Give every label of these forms the widest one's width (and one alignment), so the
+    fields of forms in different groups start at the same x. Returns that width."""
+    labels = [f.itemAt(row, QFormLayout.ItemRole.LabelRole) for f in forms
+              for row in range(f.rowCount())]
+    widgets = [item.widget() for item in labels if item is not None and item.widget()]
+    width = max((w.sizeHint().width() for w in widgets), default=0)
+    align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+    for f in forms:
+        f.setLabelAlignment(align)
+        f.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+    for w in widgets:
+        w.setMinimumWidth(width)
+    return width
 
 
 @dataclass(frozen=True)
@@ -266,9 +311,14 @@ class DefaultsDialog(QDialog):
         lay.addWidget(look)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel, self)
+        for b in buttons.buttons():  # plain buttons, as on a Mac: no stock tick/cross icons
+            b.setIcon(QIcon())
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        self.form.layout().setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
+        align_form_labels(self.form.layout(), fl)
+        self.buttons = buttons
 
     def defaults(self) -> ChatSettings:
         return self.form.settings()

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat.layout import box_layout
+from app.chat.layout import box_layout, native_shortcut
 from app.db import Conversation
 
 UNDO_SECONDS = 10
@@ -100,12 +100,14 @@ class Sidebar(QWidget):
         lay = box_layout(QVBoxLayout, self, margins=(8, 8, 4, 8), spacing=6)
         self.new_button = QPushButton("New chat", self)
         self.new_button.setAccessibleName("New chat")
-        self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setToolTip(f"New chat ({native_shortcut(QKeySequence.StandardKey.New)})")
         self.new_button.clicked.connect(self.new_requested)
         lay.addWidget(self.new_button)
         self.search = QLineEdit(self)
-        self.search.setPlaceholderText("Search chats (Ctrl+F)")
+        self.search.setPlaceholderText(
+            f"Search chats ({native_shortcut(QKeySequence.StandardKey.Find)})")
         self.search.setAccessibleName("Search chats")
+        self.search.setObjectName("textInput")
         self.search.setClearButtonEnabled(True)
         self._search_timer = QTimer(self, singleShot=True, interval=150)
         self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search.text()))

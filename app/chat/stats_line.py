@@ -1,4 +1,5 @@
-"""The line under a reply: tok/s, time to first token, tokens, tokens per cycle, acceptance.
+"""The line under a reply: tok/s, tokens per step, time to first token, tokens, acceptance
+(plain words), and its tooltip with every figure in detail.
 
 Every figure is read from the reply's ``engine.metrics.summary.ReplySummary`` (live, from the worker's
 ``finished``) or from what was persisted of it (``ReplySummary.to_dict()`` in the message's
@@ -64,26 +65,52 @@ def figures(summary: ReplySummary | Mapping | None) -> ReplyFigures | None:
     return ReplyFigures.from_meta(summary) if isinstance(summary, Mapping) and summary else None
 
 
+def seconds(t: float) -> str:
+    """A short time, never "0.00 s": under 5 ms reads "<0.01 s"."""
+    return "<0.01 s" if t < 0.005 else f"{t:.2f} s"
+
+
 def format_stats(summary: ReplySummary | Mapping | None) -> str:
-    """The line under a reply (empty when there is no summary)."""
+    """The line under a reply, in plain words (empty when there is no summary); the detailed
+    figures are in ``stats_tooltip``."""
     f = figures(summary)
     if f is None:
         return ""
     parts = []
     if f.tokens_per_s:
         parts.append(f"{f.tokens_per_s:.1f} tok/s")
+    if f.cycles:
+        parts.append(f"{f.tokens_per_cycle:.1f} tokens per step" if f.depth_max
+                     else "no speculation")
     if f.ttft_s is not None:
-        parts.append(f"TTFT {f.ttft_s:.2f} s")
-    out = f"{f.tokens} tokens"
-    parts.append(f"{out} (prompt {f.prompt_tokens})" if f.prompt_tokens else out)
+        parts.append(f"first token {seconds(f.ttft_s)}")
+    parts.append(f"{f.tokens} tokens")
+    if f.depth_max and f.draft_acceptance is not None:
+        parts.append(f"acceptance rate {f.draft_acceptance:.0%}")
+    return " · ".join(parts)
+
+
+def stats_tooltip(summary: ReplySummary | Mapping | None) -> str:
+    """Every figure of the reply, one per line, with what it means (empty without a summary)."""
+    f = figures(summary)
+    if f is None:
+        return ""
+    lines = []
+    if f.tokens_per_s:
+        lines.append(f"Speed: {f.tokens_per_s:.2f} tokens per second")
+    if f.ttft_s is not None:
+        lines.append(f"Time to first token (TTFT): {f.ttft_s:.3f} s")
+    out = f"Tokens: {f.tokens} generated"
+    lines.append(f"{out}, {f.prompt_tokens} in the prompt" if f.prompt_tokens else out)
     if f.cycles:
         if f.depth_max:
             low = f.depth_min or f.depth_max
             depths = f"depth {f.depth_max}" if low == f.depth_max else f"depths {low}–{f.depth_max}"
-            parts.append(f"{f.tokens_per_cycle:.2f} tok/cycle ({f.accepted_per_cycle:.2f} "
-                         f"accepted, {depths})")
+            lines.append(f"Speculation: {f.tokens_per_cycle:.2f} tokens per decoding step "
+                         f"({f.accepted_per_cycle:.2f} drafted tokens accepted per step, "
+                         f"{depths}, {f.cycles} steps)")
         else:
-            parts.append("no speculation")
+            lines.append(f"No speculation: one token per step ({f.cycles} steps)")
     if f.depth_max and f.draft_acceptance is not None:
-        parts.append(f"acceptance rate {f.draft_acceptance:.0%}")
-    return " · ".join(parts)
+        lines.append(f"Acceptance rate: {f.draft_acceptance:.0%} of drafted tokens accepted")
+    return "\n".join(lines)

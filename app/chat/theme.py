@@ -17,6 +17,9 @@ from PySide6.QtWidgets import QApplication, QWidget
 CHECK_MARK = Path(__file__).with_name("check.svg")
 
 THEME_MODES = ("system", "light", "dark")
+# placeholders: clearly dimmer than typed text (#e8eaed / #202124) in each theme
+DARK_PLACEHOLDER = "#80868b"
+LIGHT_PLACEHOLDER = "#8a8f95"
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class Colors:
     accent: str
     draft_tint: str
     error: str
+    input_border: str = "#b8bcc2"  # text fields: a border that shows on the window colour
+    base: str = "#ffffff"          # text fields' background
+    on_accent: str = "#ffffff"     # text on the accent colour (a checked toggle)
 
 
 def palette_is_dark(pal: QPalette | None = None) -> bool:
@@ -50,10 +56,14 @@ def current_colors() -> Colors:
     if dark:
         return Colors(True, window.name(), text.name(), "#9aa0a6", "#2b3a55", "#26282b",
                       "#3c4043", "#1b1d1f", "#2f3336", "#23262a", accent.name(),
-                      "rgba(76, 175, 80, 0.35)", "#f28b82")
+                      "rgba(76, 175, 80, 0.35)", "#f28b82", "#6b7075",
+                      pal.color(QPalette.ColorRole.Base).name(),
+                      pal.color(QPalette.ColorRole.HighlightedText).name())
     return Colors(False, window.name(), text.name(), "#5f6368", "#dbe8fb", "#ffffff",
                   "#d5d8dc", "#f6f8fa", "#eaedf0", "#f3f0fa", accent.name(),
-                  "rgba(76, 175, 80, 0.28)", "#c5221f")
+                  "rgba(76, 175, 80, 0.28)", "#c5221f", "#b0b4ba",
+                  pal.color(QPalette.ColorRole.Base).name(),
+                  pal.color(QPalette.ColorRole.HighlightedText).name())
 
 
 def _dark_palette() -> QPalette:
@@ -65,7 +75,7 @@ def _dark_palette() -> QPalette:
         (roles.ButtonText, "#e8eaed"), (roles.ToolTipBase, "#303134"),
         (roles.ToolTipText, "#e8eaed"), (roles.Highlight, "#4f8ff7"),
         (roles.HighlightedText, "#ffffff"), (roles.Link, "#8ab4f8"),
-        (roles.PlaceholderText, "#9aa0a6"), (roles.BrightText, "#ffffff"),
+        (roles.PlaceholderText, DARK_PLACEHOLDER), (roles.BrightText, "#ffffff"),
         (roles.Mid, "#3c4043"), (roles.Dark, "#111214"), (roles.Light, "#3c4043"),
     ):
         p.setColor(role, QColor(color))
@@ -91,6 +101,8 @@ def apply_theme(mode: str, app: QApplication | None = None) -> bool:
     pal = app.style().standardPalette()
     if palette_is_dark(pal) != want_dark:
         pal = _dark_palette() if want_dark else _light_palette()
+    pal.setColor(QPalette.ColorRole.PlaceholderText,
+                 QColor(DARK_PLACEHOLDER if want_dark else LIGHT_PLACEHOLDER))
     app.setPalette(pal)
     return want_dark
 
@@ -100,6 +112,7 @@ def _light_palette() -> QPalette:
     p.setColor(QPalette.ColorRole.Base, QColor("#ffffff"))
     p.setColor(QPalette.ColorRole.Text, QColor("#202124"))
     p.setColor(QPalette.ColorRole.WindowText, QColor("#202124"))
+    p.setColor(QPalette.ColorRole.PlaceholderText, QColor(LIGHT_PLACEHOLDER))
     return p
 
 
@@ -133,6 +146,15 @@ def stylesheet(c: Colors) -> str:
     QToolButton#msgAction {{ border: none; color: {c.muted}; padding: 2px 6px; }}
     QToolButton#msgAction:hover {{ color: {c.text}; }}
     QFrame#undoBar {{ background: {c.code_header}; border-radius: 6px; }}
+    QLineEdit#textInput, QPlainTextEdit#textInput {{ background: {c.base};
+        border: 1px solid {c.input_border}; border-radius: 6px; padding: 2px 4px; }}
+    QLineEdit#textInput:focus, QPlainTextEdit#textInput:focus {{ border-color: {c.accent}; }}
+    QToolButton#composerToggle {{ border: 1px solid {c.input_border}; border-radius: 6px;
+        padding: 2px 10px; background: {c.code_header}; color: {c.text}; }}
+    QToolButton#composerToggle:hover {{ border-color: {c.accent}; }}
+    QToolButton#composerToggle:checked {{ background: {c.accent}; border-color: {c.accent};
+        color: {c.on_accent}; font-weight: bold; }}
+    QToolButton#composerToggle:disabled {{ color: {c.muted}; border-color: {c.border}; }}
     QLabel#mtpBadge {{ border: 1px solid {c.accent}; color: {c.accent}; border-radius: 8px;
         padding: 1px 6px; }}
     """

@@ -3,7 +3,6 @@ workload of ``app.dashboard.demo`` with ``--demo`` (``--screenshot PATH`` saves 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from PySide6.QtCore import QTimer
 
@@ -58,10 +57,10 @@ def demo_window(*, history: float = 150.0, size: str | None = None) -> tuple[Das
 
 
 def main(argv: list[str] | None = None) -> int:
-    from PySide6.QtWidgets import QApplication
+    from app.qt_app import application
 
     args = _parse(argv)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = application()
     if args.dark:
         _dark_palette(app)
     if not args.demo:

@@ -58,6 +58,21 @@ def nice_ceiling(x: float) -> float:
     return 10 * p
 
 
+GAUGE_STEPS = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)
+
+
+def gauge_ceiling(x: float) -> float:
+    """The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^n at or above ``x`` (a gauge's
+    maximum: finer steps than an axis, so the arc is not mostly empty); at least 10."""
+    if x <= 10:
+        return 10.0
+    p = 10 ** math.floor(math.log10(x))
+    for m in GAUGE_STEPS:
+        if m * p >= x - 1e-9:
+            return float(m * p)
+    return 10.0 * p
+
+
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "n/a"
@@ -114,12 +129,19 @@ class Gauge(_Chart):
     """A 240-degree arc gauge with a big number; the scale grows with the values seen."""
 
     def __init__(self, parent=None, *, unit: str = "tok/s") -> None:
-        super().__init__(parent, min_height=150)
+        super().__init__(parent, min_height=140)
         self.unit, self.value, self.caption, self.maximum, self.dim = unit, 0.0, "", 10.0, False
 
-    def set_value(self, value: float, *, caption: str = "", dim: bool = False) -> None:
+    def set_value(self, value: float, *, caption: str = "", dim: bool = False,
+                  seen: float = 0.0) -> None:
+        """``seen``: the highest speed shown anywhere (a reply's, the series'); the scale
+        grows to the highest figure seen, rounded up by ``gauge_ceiling``."""
         self.value, self.caption, self.dim = value, caption, dim
-        self.maximum = max(self.maximum, nice_ceiling(value * 1.15))
+        self.maximum = max(self.maximum, gauge_ceiling(max(value, seen)))
+        self.update()
+
+    def reset_scale(self) -> None:
+        self.maximum = 10.0
         self.update()
 
     def draw(self, p, rect, th) -> None:
@@ -194,7 +216,7 @@ class LineChart(_Chart):
     empty_text = "Waiting for tokens..."
 
     def __init__(self, parent=None, *, span: float = 300.0) -> None:
-        super().__init__(parent, min_height=140)
+        super().__init__(parent, min_height=120)
         self.span, self.now = span, 0.0
         self.series: list[tuple[str, QColor, Sequence[tuple[float, float]]]] = []
         self.reference: tuple[str, float] | None = None
@@ -269,9 +291,10 @@ class BarChart(_Chart):
     ``bands`` shades acceptance zones (red < 0.4 <= amber < 0.7 <= green) behind the bars."""
 
     def __init__(self, parent=None, *, ymax: float | None = None, fmt: str = "{:.2f}",
-                 axis_fmt: str | None = None, bands: bool = False, min_height: int = 140) -> None:
+                 axis_fmt: str | None = None, bands: bool = False, min_height: int = 120) -> None:
         super().__init__(parent, min_height=min_height)
         self.ymax, self.fmt, self.axis_fmt, self.bands = ymax, fmt, axis_fmt, bands
+        self.note_label = ""  # names the row of notes, drawn once left of it (e.g. "overall")
         self.bars: list[tuple[str, float, QColor, str]] = []
         self.reference: tuple[str, float] | None = None
 
@@ -315,14 +338,32 @@ class BarChart(_Chart):
             if note:
                 p.setPen(th.muted)
                 p.setFont(_font(self.font(), 0.75))
+                if p.fontMetrics().horizontalAdvance(note.split()[-1]) > slot - 4:
+                    p.setFont(_font(self.font(), 0.65))  # a narrow bar: a smaller figure
                 p.drawText(QRectF(cx - slot / 2, plot.bottom() + 17, slot, 14),
-                           Qt.AlignmentFlag.AlignHCenter, note)
+                           Qt.AlignmentFlag.AlignHCenter, fit_note(p.fontMetrics(), note, slot - 4))
+        if self.note_label and any(note for *_, note in self.bars):
+            p.setPen(th.muted)
+            p.setFont(_font(self.font(), 0.75))
+            p.drawText(QRectF(rect.left(), plot.bottom() + 17, plot.left() - rect.left() - 4, 14),
+                       Qt.AlignmentFlag.AlignRight, self.note_label)
         if self.reference:
             label, y = self.reference
             yy = plot.bottom() - plot.height() * y / top
             p.setPen(QPen(th.muted, 1.2, Qt.PenStyle.DashLine))
             p.drawLine(QPointF(plot.left(), yy), QPointF(plot.right(), yy))
             _dash_legend(p, rect, th, label)
+
+
+def fit_note(metrics, note: str, width: float) -> str:
+    """``note`` if it fits ``width``, else its last word (the figure), else elided: notes under
+    neighbouring bars never run into each other."""
+    if metrics.horizontalAdvance(note) <= width:
+        return note
+    last = note.split()[-1]
+    if metrics.horizontalAdvance(last) <= width:
+        return last
+    return metrics.elidedText(last, Qt.TextElideMode.ElideRight, int(max(0.0, width)))
 
 
 class Waterfall(_Chart):
@@ -333,7 +374,7 @@ class Waterfall(_Chart):
     optional = ("sync wait", "other")
 
     def __init__(self, parent=None) -> None:
-        super().__init__(parent, min_height=130)
+        super().__init__(parent, min_height=120)
         self.phases: list[tuple[str, float]] = []
 
     def set_phases(self, phases: Sequence[tuple[str, float]]) -> None:
@@ -378,7 +419,7 @@ class DepthChart(_Chart):
     empty_text = "No cycles yet"
 
     def __init__(self, parent=None, *, span: int = 300) -> None:
-        super().__init__(parent, min_height=130)
+        super().__init__(parent, min_height=120)
         self.span, self.max_depth = span, 3
         self.points: list[tuple[int, int, str]] = []
 
@@ -453,11 +494,11 @@ class Meter(QWidget):
     def __init__(self, label: str, parent=None) -> None:
         super().__init__(parent)
         self.label, self.frac, self.text, self.colour = label, 0.0, "", BLUE
-        self.setMinimumHeight(24)
+        self.setMinimumHeight(22)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:
-        return QSize(260, 26)
+        return QSize(260, 22)
 
     def set_value(self, frac: float, text: str, colour: QColor | None = None) -> None:
         self.frac, self.text = max(0.0, min(1.0, frac)), text

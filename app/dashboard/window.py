@@ -16,7 +16,13 @@ from its stats; once it ends, the worker's, so they equal the chat's stats line.
 figures (speed over time, acceptance by position, the waterfall) come from the
 ``StatsAggregator``.
 
-Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button.
+Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button;
+``verify_requested()`` and ``verify_cancel_requested()`` from its "Verify exactness" button.
+
+The exactness check (``engine.decoding.verify`` on the worker thread): ``on_verify_progress(done,
+total, message)``, ``on_verify_done(result)`` (a ``VerifyResult`` or its dict: the verdict in
+words, green for a pass, red for a fail) and ``on_verify_failed(message)``;
+``attach_verifier(worker)`` wires the button and these slots to an ``app.worker.Worker``.
 
 A ``QTimer`` repaints at most every ``REFRESH_MS`` and only when something changed (memory is
 re-read every ``IDLE_REFRESH_MS`` while idle), so generation speed does not depend on the UI.
@@ -30,7 +36,7 @@ from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSizePolicy, QTableWidget,
-    QTableWidgetItem, QVBoxLayout, QWidget,
+    QVBoxLayout, QWidget,
 )
 
 from app.dashboard.charts import (
@@ -38,6 +44,8 @@ from app.dashboard.charts import (
     band_colour, fmt_bytes,
 )
 from app.dashboard.recorder import SessionRecord
+from app.dashboard.tuner_view import show_tuning
+from app.dashboard.verify_control import VerifyControl
 from app.window_state import fit_to_screen
 from engine.hub import store
 from engine.metrics.stats import StatsAggregator, StatsSnapshot
@@ -46,7 +54,9 @@ from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIZE = (1240, 760)  # fits a 1280×800 screen; the cards scroll below that
+DEFAULT_SIZE = (1240, 770)  # fits a 1280×800 screen and shows every card without scrolling
+MIN_WIDTH = 900
+TUNER_IDLE_TEXT = "Run the tuner to compare depths"
 REFRESH_MS = 300
 IDLE_REFRESH_MS = 2000
 PHASES = ("draft", "verify", "accept", "commit", "sync wait", "other")
@@ -58,22 +68,41 @@ QLabel#cardTitle { font-weight: 600; }
 QLabel#muted, QLabel#tileCaption { color: palette(placeholder-text); }
 QLabel#tileValue { font-size: 17pt; font-weight: 600; }
 QLabel#pill { border-radius: 9px; padding: 2px 10px; color: white; font-weight: 600; }
+QLabel#verdict { border-radius: 6px; padding: 4px 6px; }
 """
 
 
 class _Elided(QLabel):
-    """A one-line label that never widens its layout: too long a text ends in an ellipsis."""
+    """A one-line label that never widens its layout. ``set_texts(full, *shorter)``: it shows
+    the longest of them that fits, and only the shortest ends in an ellipsis if none does."""
 
     def __init__(self, text: str = "") -> None:
         super().__init__(text)
+        self.shorter: tuple[str, ...] = ()
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt name)
+        self.shorter = ()
+        super().setText(text)
+
+    def set_texts(self, full: str, *shorter: str) -> None:
+        super().setText(full)
+        self.shorter = shorter
+        self.update()
+
+    def shown_text(self) -> str:
+        """What is painted at the current width."""
+        fm, width = self.fontMetrics(), self.contentsRect().width()
+        for text in (self.text(), *self.shorter):
+            if fm.horizontalAdvance(text) <= width:
+                return text
+        last = self.shorter[-1] if self.shorter else self.text()
+        return fm.elidedText(last, Qt.TextElideMode.ElideRight, width)
 
     def paintEvent(self, event) -> None:  # noqa: N802 (Qt name)
         p = QPainter(self)
         p.setPen(self.palette().color(self.foregroundRole()))
-        text = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight,
-                                             self.width())
-        p.drawText(self.contentsRect(), int(self.alignment()), text)
+        p.drawText(self.contentsRect(), int(self.alignment()), self.shown_text())
 
 
 def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tuple[QFrame, QVBoxLayout, QLabel]:
@@ -97,8 +126,20 @@ def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tup
     return frame, lay, sub
 
 
+class _CompactTable(QTableWidget):
+    """A table that asks for no more height than its minimum (the card's stretch gives more)."""
+
+    def sizeHint(self):  # noqa: N802 (Qt name)
+        hint = super().sizeHint()
+        hint.setHeight(self.minimumHeight())
+        return hint
+
+
 class _Tile(QWidget):
-    def __init__(self, caption: str) -> None:
+    """A caption, a big value and a note. ``widest``: (value, note) samples the tile keeps room
+    for from the start, so the cards' minimum width (the window's) does not grow as figures come."""
+
+    def __init__(self, caption: str, widest: tuple[str, str] = ("", "")) -> None:
         super().__init__()
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -112,10 +153,60 @@ class _Tile(QWidget):
         for w in (self.caption, self.value, self.note):
             lay.addWidget(w)
         self.setAccessibleName(caption)
+        self._widest = widest
+
+    def reserve(self) -> None:
+        """Keep room for the widest figures (once the style sheet's fonts apply)."""
+        value, note = self._widest
+        self.ensurePolished()
+        for label, sample in ((self.value, value), (self.note, note)):
+            label.ensurePolished()
+            if sample:
+                label.setMinimumWidth(label.fontMetrics().horizontalAdvance(sample) + 2)
 
     def set(self, value: str, note: str = "") -> None:
         self.value.setText(value)
         self.note.setText(note)
+
+
+def _tuner_table() -> QTableWidget:
+    """The tuner card's table: a row per depth (read-only, compact rows)."""
+    table = _CompactTable(0, 5)
+    table.setHorizontalHeaderLabels(
+        ["Depth", "tok/s", "Speed-up", "Tokens/cycle", "Acceptance rate by position"])
+    table.verticalHeader().setVisible(False)
+    header = table.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+    table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
+    table.setAccessibleName("Tuner results")
+    table.verticalHeader().setDefaultSectionSize(22)
+    table.setMinimumHeight(4 * 22 + 28)  # the header and D0..D3
+    return table
+
+
+def _header(clear_stats) -> tuple[QHBoxLayout, _Elided, QLabel]:
+    """Title, model (shortened to fit: name and depth, then the name), status and Clear."""
+    lay = QHBoxLayout()
+    title = QLabel("Speculative decoding")
+    title.setStyleSheet("font-size: 16pt; font-weight: 700;")
+    lay.addWidget(title)
+    model_label = _Elided("no model loaded")
+    model_label.setObjectName("muted")
+    model_label.setAccessibleName("Model")
+    lay.addWidget(model_label, 1)
+    status = QLabel("idle")
+    status.setObjectName("pill")
+    status.setAlignment(Qt.AlignmentFlag.AlignCenter)
+    status.setMinimumWidth(status.fontMetrics().horizontalAdvance("generating") + 36)
+    status.setAccessibleName("Generation status")
+    lay.addWidget(status)
+    clear = QPushButton("Clear")
+    clear.setToolTip("Forget the statistics gathered so far")
+    clear.clicked.connect(clear_stats)
+    lay.addWidget(clear)
+    return lay, model_label, status
 
 
 class DashboardWindow(QWidget):
@@ -166,7 +257,7 @@ class DashboardWindow(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setMinimumWidth(960)  # below that the cards get cramped; vertical scroll only
+
         content = QWidget()
         content.setObjectName("content")
         scroll.setWidget(content)
@@ -186,6 +277,7 @@ class DashboardWindow(QWidget):
         grid.addWidget(card, 2, 0, 1, 4)
         self.acceptance = BarChart(ymax=1.0, bands=True)
         self.acceptance.empty_text = "No drafts yet"
+        self.acceptance.note_label = "overall"
         self.acceptance.setToolTip("Acceptance rate: drafts accepted at a position over drafts "
                                    "made there (smoothed; below each bar, over the session).")
         card, _, self.acceptance_sub = _card("Acceptance rate by draft position", self.acceptance,
@@ -206,40 +298,33 @@ class DashboardWindow(QWidget):
             grid.setRowStretch(row, stretch)
         for col in range(6):
             grid.setColumnStretch(col, 1)
+        for tile in (self.t_ttft, self.t_prefill, self.t_cycle, self.t_extra, self.t_depth,
+                     self.t_tokens):
+            tile.reserve()
+        # Never narrower than the cards' content (nothing is cut off at the right edge, which
+        # has no scroll bar), and not below MIN_WIDTH where the cards get cramped.
+        fit = content.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width()
+        self.setMinimumWidth(max(MIN_WIDTH, fit))
 
     def _header(self) -> QHBoxLayout:
-        lay = QHBoxLayout()
-        title = QLabel("Speculative decoding")
-        title.setStyleSheet("font-size: 16pt; font-weight: 700;")
-        lay.addWidget(title)
-        self.model_label = _Elided("no model loaded")
-        self.model_label.setObjectName("muted")
-        lay.addWidget(self.model_label, 1)
-        self.summary_label = _Elided("")
-        self.summary_label.setObjectName("muted")
-        self.summary_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        lay.addWidget(self.summary_label, 1)
-        self.status = QLabel("idle")
-        self.status.setObjectName("pill")
-        self.status.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.status.setMinimumWidth(self.status.fontMetrics().horizontalAdvance("generating") + 36)
-        self.status.setAccessibleName("Generation status")
-        lay.addWidget(self.status)
-        clear = QPushButton("Clear")
-        clear.setToolTip("Forget the statistics gathered so far")
-        clear.clicked.connect(self.clear)
-        lay.addWidget(clear)
+        lay, self.model_label, self.status = _header(self.clear)
         return lay
 
     def _tiles_card(self) -> QFrame:
-        card, lay, _ = _card("At a glance", subtitle="last reply · session totals")
+        # the subtitle is the last reply's line (shortened to fit the card)
+        card, lay, self.summary_label = _card("At a glance", subtitle="last reply")
+        self.summary_label.setAccessibleName("Last reply")
         grid = QGridLayout()
-        grid.setHorizontalSpacing(18)
-        self.t_ttft, self.t_prefill = _Tile("Time to first token"), _Tile("Prefill")
-        self.t_cycle, self.t_extra = _Tile("Tokens per cycle"), _Tile("Correction / bonus")
-        self.t_depth, self.t_tokens = _Tile("Depth now"), _Tile("Tokens")
-        for i, t in enumerate((self.t_ttft, self.t_prefill, self.t_cycle, self.t_extra,
-                               self.t_depth, self.t_tokens)):
+        grid.setHorizontalSpacing(12)
+        self.t_ttft = _Tile("Time to first token", ("9999 ms", "99999 prompt tokens"))
+        self.t_prefill = _Tile("Prefill", ("9999 tok/s", "99999 reused from cache"))
+        self.t_cycle = _Tile("Tokens per cycle", ("9.99", "9.99 drafts accepted"))
+        self.t_extra = _Tile("Correction / bonus", ("9999 / 9999", "100% all drafts kept"))
+        self.t_depth = _Tile("Depth now", ("9", ""))
+        self.t_tokens = _Tile("Tokens", ("99999", "9999 cycles, last reply"))
+        # the two widest tiles share a column (the card's width is the dashboard's minimum)
+        for i, t in enumerate((self.t_ttft, self.t_prefill, self.t_cycle, self.t_depth,
+                               self.t_extra, self.t_tokens)):
             grid.addWidget(t, i // 3, i % 3)
         lay.addLayout(grid)
         self.context = Meter("Context")
@@ -263,25 +348,20 @@ class DashboardWindow(QWidget):
     def _tuner_card(self) -> QFrame:
         card, lay, self.tuner_sub = _card("Depth tuner", subtitle="not run on this machine yet")
         row = QHBoxLayout()
-        self.tuner_table = QTableWidget(0, 5)
-        self.tuner_table.setHorizontalHeaderLabels(
-            ["Depth", "tok/s", "Speed-up", "Tokens/cycle", "Acceptance rate by position"])
-        self.tuner_table.verticalHeader().setVisible(False)
-        header = self.tuner_table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        self.tuner_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.tuner_table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
-        self.tuner_table.setAccessibleName("Tuner results")
+        self.tuner_table = _tuner_table()
         row.addWidget(self.tuner_table, 3)
-        self.tuner_chart = BarChart(fmt="{:.1f}", min_height=120)
-        self.tuner_chart.empty_text = "Run the tuner to compare depths"
+        self.tuner_chart = BarChart(fmt="{:.1f}", min_height=110)
+        self.tuner_chart.empty_text = TUNER_IDLE_TEXT
         row.addWidget(self.tuner_chart, 2)
         side = QVBoxLayout()
         self.tune_button = QPushButton("Run tuner")
         self.tune_button.setAccessibleName("Run the depth tuner")
         self.tune_button.clicked.connect(self._on_tune_clicked)
         side.addWidget(self.tune_button)
+        self.verify = VerifyControl(self, tuning=lambda: self._tuning,
+                                    enable_tuner=self.tune_button.setEnabled)
+        self.verify_button, self.verify_label = self.verify.button, self.verify.label
+        side.addWidget(self.verify_button)
         self.tuner_message = QLabel("Measures plain decoding against depths 1..N on this "
                                     "machine and keeps a depth only if it is faster.")
         self.tuner_message.setWordWrap(True)
@@ -289,6 +369,7 @@ class DashboardWindow(QWidget):
         side.addWidget(self.tuner_message, 1)
         row.addLayout(side, 1)
         lay.addLayout(row, 1)
+        lay.addWidget(self.verify_label)
         return card
 
     # -- slots -----------------------------------------------------------------------------
@@ -313,12 +394,15 @@ class DashboardWindow(QWidget):
         self._set_tuning(True)
         self.tuner_sub.setText(f"running: {done}/{total}")
         self.tuner_message.setText(message)
+        self._tuner_progress(f"Measuring depths… {done} of {total} runs done" if total
+                             else "Measuring depths…")
 
     @Slot(str)
     def on_tune_failed(self, message: str) -> None:
         self._set_tuning(False)
         self.tuner_sub.setText("tuning failed")
         self.tuner_message.setText(message)
+        self._tuner_progress(None)
 
     def set_model_info(self, info: ModelInfo | None) -> None:
         """Show the model, and the tuner result saved for it on this machine (if any)."""
@@ -328,7 +412,8 @@ class DashboardWindow(QWidget):
             self.model_label.setText("no model loaded")
             return
         mtp = f"MTP depth ≤ {info.max_depth}" if info.has_mtp else "no MTP head"
-        self.model_label.setText(f"{info.name} · {info.family} · {mtp}")
+        self.model_label.set_texts(f"{info.name} · {info.family} · {mtp}", f"{info.name} · {mtp}",
+                                   info.name)
         if not self._tuning:
             self.set_tuner_result(_saved_tuning(info.path))
 
@@ -343,8 +428,18 @@ class DashboardWindow(QWidget):
 
     def clear(self) -> None:
         self.record.clear()
+        self.gauge.reset_scale()
         self._dirty = True
         self.refresh()
+
+    # -- the exactness check (``verify_control.VerifyControl``) ------------------------------
+    def attach_verifier(self, worker) -> None:
+        """Wire the "Verify exactness" button to ``worker`` (an ``app.worker.Worker``)."""
+        self.verify.attach(worker)
+
+    @property
+    def verify_result(self) -> dict | None:
+        return self.verify.result
 
     def _on_tune_clicked(self) -> None:
         if self._tuning:
@@ -352,12 +447,21 @@ class DashboardWindow(QWidget):
         else:
             self._set_tuning(True)
             self.tuner_message.setText("Starting…")
+            self._tuner_progress("Starting the tuner…")
             self.tune_requested.emit()
 
     def _set_tuning(self, on: bool) -> None:
         self._tuning = on
         self._dirty = True
         self.tune_button.setText("Cancel tuning" if on else "Run tuner")
+        self.verify.tuning_changed(on)  # one engine job at a time
+        if not on:
+            self._tuner_progress(None)
+
+    def _tuner_progress(self, text: str | None) -> None:
+        """What the tuner chart says while it has no bars: progress while a run goes on."""
+        self.tuner_chart.empty_text = text or TUNER_IDLE_TEXT
+        self.tuner_chart.update()
 
     def _tick(self) -> None:
         self._idle_ticks += 1
@@ -387,7 +491,10 @@ class DashboardWindow(QWidget):
         self.status.setStyleSheet(
             f"background: {(GREEN if live else AMBER if self._tuning else GREY).name()};")
         caption = f"5-min average {s.tps_window:.1f}" if s.tps_window else "no recent decoding"
-        self.gauge.set_value(s.tps_instant, caption=caption, dim=not live)
+        seen = [s.tps_instant, s.tps_window, *(y for _, y in s.tps_series)]
+        if self.last_summary is not None and self.last_summary.tokens_per_s:
+            seen.append(self.last_summary.tokens_per_s)
+        self.gauge.set_value(s.tps_instant, caption=caption, dim=not live, seen=max(seen))
         # The gauge is the recent cycles' rate; the whole reply's tok/s is the header's.
         self.gauge_sub.setText("live" if live else "recent cycles")
         self.series.set_series([("decode tok/s", BLUE, s.tps_series)], now=s.elapsed,
@@ -396,7 +503,10 @@ class DashboardWindow(QWidget):
         self.series_sub.setText(f"{tokens} tokens in {replies} "
                                 f"{'reply' if replies == 1 else 'replies'}")
         if not live and self.last_summary is not None:
-            self.summary_label.setText(reply_headline(self.last_summary))
+            m = self.last_summary
+            self.summary_label.set_texts(reply_headline(m),
+                                         f"last reply: {m.tokens} tokens, {m.tokens_per_s:.1f} tok/s",
+                                         f"{m.tokens} tokens, {m.tokens_per_s:.1f} tok/s", "last reply")
 
     def _show_tiles(self, s: StatsSnapshot) -> None:
         self.t_ttft.set(f"{1000 * s.ttft_s:.0f} ms" if s.ttft_s is not None else "–",
@@ -414,7 +524,8 @@ class DashboardWindow(QWidget):
         self.t_depth.set(str(s.current_depth) if s.current_depth is not None else "–",
                          last.reason if last and last.reason else "")
         together = f" · batch of {s.batch_rows}" if s.batch_rows > 1 else ""
-        self.t_tokens.set(str(r.tokens) if r else "–", f"{r.cycles} cycles{together}" if r else "")
+        self.t_tokens.set(str(r.tokens) if r else "–",
+                          f"{r.cycles} cycles, last reply{together}" if r else "")
         ctx = self.info.context_length if self.info else 0
         if ctx:
             frac = s.context_tokens / ctx
@@ -424,7 +535,7 @@ class DashboardWindow(QWidget):
             self.context.set_value(0.0, f"{s.context_tokens:,} tokens")
 
     def _show_acceptance(self, s: StatsSnapshot) -> None:
-        bars = [(f"D{p.position}", p.smoothed, band_colour(p.smoothed), f"overall {p.rate:.2f}")
+        bars = [(f"D{p.position}", p.smoothed, band_colour(p.smoothed), f"{p.rate:.2f}")
                 for p in s.positions]
         self.acceptance_sub.setToolTip("\n".join(
             f"D{p.position}: acceptance rate {p.rate:.2f} · conditional acceptance "
@@ -433,19 +544,23 @@ class DashboardWindow(QWidget):
         self.acceptance.set_bars(bars)
         if s.positions:
             expected = 1 + sum(p.smoothed for p in s.positions)
-            self.acceptance_sub.setText(f"smoothed · ≈{expected:.2f} tok/cycle at D{len(s.positions)}")
+            self.acceptance_sub.set_texts(
+                f"smoothed · ≈{expected:.2f} tok/cycle at D{len(s.positions)}",
+                f"≈{expected:.2f} tok/cycle at D{len(s.positions)}", f"≈{expected:.2f} tok/cycle")
         n = sum(s.accepted_hist)
         colours = [RED] + [AMBER] * max(0, len(s.accepted_hist) - 2) + [GREEN]
         self.histogram.set_bars([(str(k), c / n if n else 0.0, colours[min(k, len(colours) - 1)],
                                   f"{c}") for k, c in enumerate(s.accepted_hist)])
-        self.histogram_sub.setText(f"{s.spec_cycles} cycles" if n else "")
+        self.histogram_sub.set_texts(f"{s.spec_cycles} cycles this session" if n else "",
+                                     f"{s.spec_cycles} cycles" if n else "")
 
     def _show_cycle(self, s: StatsSnapshot) -> None:
         tr = s.time_recent
         self.waterfall.set_phases(list(zip(PHASES, (tr.draft, tr.verify, tr.accept, tr.commit,
                                                     tr.sync, tr.other))))
-        self.waterfall_sub.setText(f"recent cycles · {1000 * tr.total:.1f} ms each"
-                                   if tr.total else "")
+        self.waterfall_sub.set_texts(f"recent cycles · {1000 * tr.total:.1f} ms each"
+                                     if tr.total else "", f"{1000 * tr.total:.1f} ms each"
+                                     if tr.total else "")
         self.waterfall.setToolTip(
             "Profiled: each phase synchronised on its own." if s.profiled else
             "One host sync per cycle: 'sync wait' is the wait for the device at that sync (work "
@@ -485,38 +600,8 @@ class DashboardWindow(QWidget):
         self.memory_note.setText(note)
 
     def _show_tuner(self) -> None:
-        t = self.tuner
-        self.tuner_table.setRowCount(0)
-        if not t:
-            self.tuner_chart.set_bars([])
-            self.tuner_sub.setText("not run on this machine yet")
-            return
-        winner = t.get("best_depth", 0)
-        rows = t.get("rows", [])
-        self.tuner_table.setRowCount(len(rows))
-        for i, r in enumerate(rows):
-            acc = " / ".join(f"{a:.2f}" for a in r.get("acceptance", ())) or "–"
-            cells = (f"D{r['depth']}" + ("  ★" if r["depth"] == winner and winner else ""),
-                     f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}×",
-                     f"{r['tokens_per_cycle']:.2f}", acc)
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                if r["depth"] == winner:
-                    f = item.font()
-                    f.setBold(True)
-                    item.setFont(f)
-                self.tuner_table.setItem(i, j, item)
-        base = t.get("baseline_tps", 0.0)
-        self.tuner_chart.set_bars(
-            [(f"D{r['depth']}", r["tokens_per_second"],
-              GREEN if r["depth"] == winner and winner else GREY if r["depth"] == 0 else BLUE,
-              f"{r['speedup']:.2f}×") for r in rows],
-            reference=("plain decoding", base) if base else None)
-        saved = "saved" if t.get("saved") else "not saved"
-        self.tuner_sub.setText(f"winner: D{winner} ({saved})" if winner
-                               else "winner: plain decoding")
-        self.tuner_message.setText(t.get("message", ""))
-
+        show_tuning(self.tuner, table=self.tuner_table, chart=self.tuner_chart,
+                    sub=self.tuner_sub, message=self.tuner_message)
 
 def reply_headline(m: ReplySummary | None) -> str:
     """The header's line about the last reply (figures as in the chat's stats line)."""

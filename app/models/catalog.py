@@ -14,6 +14,16 @@ from app.models.panels import fmt_bytes, fmt_gib, model_table, verdict_chip
 from engine.errors import EngineError
 
 CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")
+# The footer, in the window's own terms (the catalog file's notes name command lines).
+NOTES = (
+    "Sizes and memory needs are estimates from each model's published configuration: Check "
+    "reads the exact figures from Hugging Face before anything is downloaded.",
+    "Official Qwen models come in bf16 with their MTP head; for 8-bit or 4-bit, Download "
+    "converts them on this computer after the download and keeps the MTP head.",
+    "Memory needed = text weights + 10% + caches for 8k tokens + 0.5 GB.",
+    "No MLX build that keeps the MTP head is verified yet, so none is listed: Check any MLX "
+    "model (Add from Hugging Face) before downloading it.",
+)
 
 
 class CatalogPanel(QWidget):
@@ -76,7 +86,7 @@ class CatalogPanel(QWidget):
                 t.setItem(row, col, item)
             t.setCellWidget(row, 5, _padded(verdict_chip(e["verdict"])))
             t.setCellWidget(row, 6, self._buttons(e, best))
-        self.notes.setText(" ".join(cat.get("notes", [])))
+        self.notes.setText(" ".join(NOTES))
 
     @staticmethod
     def _options_tooltip(e: dict) -> str:
@@ -98,12 +108,21 @@ class CatalogPanel(QWidget):
         get.setAccessibleName(f"Download {e['repo_id']}")
         fits = e["verdict"] in ("recommended", "tight fit", "too slow")
         get.setEnabled(fits)
-        get.setToolTip(e["pull_command"] if fits else f"{e['verdict']} on this machine")
+        get.setToolTip(download_tooltip(best) if fits else f"{e['verdict']} on this machine")
         bits = best.get("bits") if best.get("needs_conversion") else None
         get.clicked.connect(lambda: self.download_requested.emit(e["repo_id"], "main", bits, best))
         lay.addWidget(check)
         lay.addWidget(get)
         return w
+
+
+def download_tooltip(best: dict) -> str:
+    """What Download does, in words: size, and the conversion it runs afterwards."""
+    size = fmt_bytes(best.get("download_bytes"))
+    if best.get("needs_conversion"):
+        q = str(best.get("quantization", "")).removesuffix("bit")
+        return f"Download {size}, then convert it to {q}-bit on this computer (keeps the MTP head)"
+    return f"Download {size}"
 
 
 def _padded(widget: QWidget) -> QWidget:

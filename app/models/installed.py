@@ -134,7 +134,7 @@ class InstalledPanel(QWidget):
         b["delete"].setEnabled(bool(r and r.deletable))
         b["delete"].setToolTip("" if not r or r.deletable else
                                f"{r.name} lives in the {r.location_label}: MTP Chat never deletes it"
-                               if r.external else "built into the app")
+                               if r.external else "included with the app: it cannot be deleted")
         b["import"].setEnabled(bool(r and r.external and r.loadable))
         b["import"].setToolTip("Hard-links the files into MTP Chat's models folder (no extra disk "
                                "on the same drive; a copy otherwise)")
@@ -224,9 +224,26 @@ class InstalledPanel(QWidget):
         self.tune_status.setText(f"Tuning failed: {message}")
 
 
+STATUS_LABELS = {"builtin": "Ready", "installed": "Ready", "external": "Ready",
+                 "unverified": "Not checked yet", "corrupt": "Damaged",
+                 "unsupported": "Not supported", "incomplete": "Incomplete"}
+LOCATION_LABELS = {"built in": "Included with the app"}
+
+
+def status_label(status: str) -> str:
+    """The Status column's words for a store status ("builtin" -> "Ready")."""
+    return STATUS_LABELS.get(status, status.replace("_", " ").capitalize())
+
+
+def location_label(label: str) -> str:
+    """The Where column's words ("built in" -> "Included with the app")."""
+    return LOCATION_LABELS.get(label, label)
+
+
 def _installed_cells(r) -> tuple[str, ...]:
     q = r.quantization
-    return (r.name, r.location_label, r.status, fmt_bytes(r.size_bytes), r.family or "-",
+    return (r.name, location_label(r.location_label), status_label(r.status),
+            fmt_bytes(r.size_bytes), r.family or "-",
             f"{q.get('bits')}-bit" if q else "none",
             "-" if r.has_mtp is None else ("yes" if r.has_mtp else "no"), r.verdict or "-",
             "-" if r.tuned_depth is None else str(r.tuned_depth),

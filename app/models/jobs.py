@@ -18,13 +18,27 @@ from typing import Any
 from PySide6.QtCore import QObject, QThreadPool, Signal
 
 from app.errors import describe
+from app.models.units import fmt_bytes
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 
-def _message(exc: BaseException) -> str:
-    """``describe(exc)``, with the traceback logged when it is not an engine error."""
+OFFLINE_MESSAGE = "Can't reach Hugging Face: check your internet connection."
+
+
+def _message(exc: BaseException, kept_bytes: int = 0) -> str:
+    """``describe(exc)``, with the traceback logged when it is not an engine error. Not
+    reaching the Hub reads as a plain sentence (no socket error), which mentions the parts kept
+    only when ``kept_bytes`` were downloaded."""
+    from engine.hub.client import HubNetworkError, HubOfflineError
+
+    if isinstance(exc, HubNetworkError) and not isinstance(exc, HubOfflineError):
+        log.info("the Hub is unreachable: %s", exc)
+        if kept_bytes > 0:
+            return (f"{OFFLINE_MESSAGE} The {fmt_bytes(kept_bytes)} already downloaded are "
+                    "kept: Retry continues from there.")
+        return OFFLINE_MESSAGE
     if not isinstance(exc, EngineError):
         log.error("unexpected error in a model-manager task", exc_info=exc)
     return describe(exc)
@@ -80,7 +94,8 @@ class DownloadJob(QObject):
                           store=self.store, progress=self._on_progress, cancel=self._cancel,
                           **self.options)
         except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised in a thread
-            _emit(self._ended, None, _message(exc))
+            last = self.last
+            _emit(self._ended, None, _message(exc, getattr(last, "bytes_done", 0) or 0))
             return
         finally:
             release_thread_streams()  # (a conversion ran MLX on this thread)

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QFrame, QHBoxLayout, QHeaderVi
                                QTableWidget, QVBoxLayout, QWidget)
 
 from app.models.jobs import DownloadJob
+from app.models.units import fmt_bytes, fmt_gib  # noqa: F401  (the window's units)
 from engine.hub import client as hub
 
 VERDICT_COLORS = {"recommended": "#1e8e3e", "tight fit": "#c26401", "too slow": "#b3261e",
@@ -23,19 +24,6 @@ QLabel#muted { color: #6b7075; }
 QFrame#downloadRow { border: 1px solid palette(mid); border-radius: 8px; }
 QLabel#rowTitle { font-weight: 600; font-size: 13px; }
 """
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def fmt_duration(s: float | None) -> str:

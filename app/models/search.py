@@ -96,6 +96,10 @@ class SearchPanel(QWidget):
         if seq != self._seq:
             return
         self.search_button.setEnabled(True)
+        from app.models.jobs import OFFLINE_MESSAGE
+
+        if message.startswith(OFFLINE_MESSAGE):
+            message += " The models on this machine are still listed under “On this machine”."
         self.status.setText(f"Search failed: {message}")
 
     def _on_page(self, seq: int, page: list) -> None:

@@ -37,7 +37,7 @@ def test_presets_are_saved_and_picked_per_chat(qtbot, win, fake, tmp_path):
     send(qtbot, win, "hello")  # a new chat: no system prompt
     second = win.current_conv
     assert win.conversations.settings_for(second).system_prompt == ""
-    assert panel.preset.currentText() == "Custom"
+    assert panel.preset.currentText() == "Default"  # a new chat has the default settings
     panel.preset.setCurrentIndex(panel.preset.findData("Pirate"))
     panel.preset.activated.emit(panel.preset.currentIndex())
     assert win.conversations.settings_for(second).system_prompt == "You are a pirate."

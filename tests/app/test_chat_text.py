@@ -18,7 +18,7 @@ from app.chat.markdown import (
 )
 from app.chat.conversations import make_title
 from app.chat.session import Stream
-from app.chat.stats_line import format_stats
+from app.chat.stats_line import format_stats, stats_tooltip
 from app.chat.settings import ChatSettings
 from app.db import Conversation, Message
 from app.fake.engine import DEFAULT_SCRIPT, THINK_SCRIPT, fake_model_info
@@ -143,12 +143,14 @@ def test_stats_line():
     line = format_stats({"tokens": 120, "tokens_per_s": 41.25, "ttft_s": 0.314, "cycles": 50,
                          "tokens_per_cycle": 2.4, "accepted_per_cycle": 1.4, "depth": 3,
                          "prompt_tokens": 37})
-    assert line == ("41.2 tok/s · TTFT 0.31 s · 120 tokens (prompt 37) · "
-                    "2.40 tok/cycle (1.40 accepted, depth 3)")
+    assert line == "41.2 tok/s · 2.4 tokens per step · first token 0.31 s · 120 tokens"
     assert "no speculation" in format_stats({"tokens": 3, "cycles": 3, "depth": 0})
     auto = format_stats({"tokens": 50, "cycles": 20, "tokens_per_cycle": 2.5,
                          "accepted_per_cycle": 1.5, "depth": 3, "depth_min": 1})
-    assert auto.endswith("2.50 tok/cycle (1.50 accepted, depths 1–3)")
+    assert auto == "2.5 tokens per step · 50 tokens"
+    assert "2.50 tokens per decoding step (1.50 drafted tokens accepted per step, depths 1–3" \
+        in stats_tooltip({"tokens": 50, "cycles": 20, "tokens_per_cycle": 2.5,
+                          "accepted_per_cycle": 1.5, "depth": 3, "depth_min": 1})
     assert format_stats(None) == ""
 
 

@@ -40,7 +40,7 @@ def test_reply_streams_renders_and_persists(qtbot, win):
     assert reply.meta["draft_spans"]  # the fake accepted drafts, so some text is tinted
     widget = win.view.widgets[reply.id]
     assert widget.content == DEFAULT_SCRIPT
-    assert "tok/s" in widget.stats_label.text() and "TTFT" in widget.stats_label.text()
+    assert "tok/s" in widget.stats_label.text() and "first token" in widget.stats_label.text()
     code = [b for b in widget.body.block_widgets() if type(b).__name__ == "CodeBlock"]
     assert len(code) == 1 and code[0].lang == "python" and "def fib" in code[0].code
     assert win.store.conversation(win.current_conv).title == "Show me fib"

@@ -80,9 +80,7 @@ def test_dark_theme_reaches_every_top_level_window(qtbot, win):
 
     win.apply_preferences(AppPreferences(theme="light"))
     dash = win.aux.show_dashboard()  # made while light: must follow the switch
-    models = win.aux.show_models()
-    for w in (dash, models):
-        qtbot.addWidget(w)
+    models = win.aux.show_models()  # the app closes and deletes both (close_all below)
     _settle(qtbot, win)
     assert not _is_dark(dash) and not _is_dark(models)
     win.apply_preferences(AppPreferences(theme="dark"))

@@ -58,7 +58,9 @@ def _check_one_reply(qtbot, w) -> None:
     reply = w.store.messages(w.current_conv)[-1]
     line = w.view.widgets[reply.id].stats_label.text()
     assert tps in line and acceptance in line and f"{expected.tokens} tokens" in line
-    assert f"{expected.tokens_per_cycle:.2f} tok/cycle" in line
+    assert f"{expected.tokens_per_cycle:.1f} tokens per step" in line
+    tip = w.view.widgets[reply.id].stats_label.toolTip()
+    assert f"{expected.tokens_per_cycle:.2f} tokens per decoding step" in tip
 
     dash.refresh()
     header = dash.summary_label.text()
