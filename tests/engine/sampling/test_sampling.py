@@ -15,6 +15,7 @@ import pytest
 import engine  # noqa: F401  (loads the BLAS before mlx)
 import mlx.core as mx
 
+from engine.decoding.verify import chi2_sf
 from engine.sampling import exact as S
 from engine.types import SamplingParams
 
@@ -64,43 +65,6 @@ def ref_probs(logits, params: SamplingParams, counts=None) -> np.ndarray:
             p = np.where(p >= params.min_p * p.max(), p, 0.0)
         out[r] = p / p.sum()
     return out
-
-
-def _gammainc_upper(a: float, x: float) -> float:
-    """Regularised upper incomplete gamma Q(a, x) (series / Lentz continued fraction)."""
-    if x <= 0:
-        return 1.0
-    lead = math.exp(-x + a * math.log(x) - math.lgamma(a))
-    if x < a + 1:
-        term = total = 1.0 / a
-        ap = a
-        for _ in range(10000):
-            ap += 1
-            term *= x / ap
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return max(0.0, 1.0 - total * lead)
-    tiny = 1e-300
-    b = x + 1 - a
-    c, d = 1 / tiny, 1 / b
-    h = d
-    for i in range(1, 10000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return lead * h
-
-
-def chi2_sf(stat: float, df: int) -> float:
-    return _gammainc_upper(df / 2.0, stat / 2.0)
 
 
 def chi_square_p(observed, probs, *, min_expected: float = 5.0) -> float:
