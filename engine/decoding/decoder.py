@@ -69,6 +69,7 @@ class BatchDecoder:
         self.plain = plain.PlainPipeline(self.batch)
         self.active: list[Stream] = []   # the batch's rows, in row order
         self.cycles = 0
+        self._drafter_controller = None  # auto rows' controller when drafting without the head
 
     @property
     def busy(self) -> bool:
@@ -200,10 +201,20 @@ class BatchDecoder:
             self.plain.settle(streams)
             ctrl = None
             if any(st.depth == "auto" for st in streams):
-                ctrl = self.carryover.controller(self.model, len(streams))
+                ctrl = self._controller(len(streams))
             c, results, times = speculative.run(self.batch, streams, ctrl, self.plain.key_for,
                                                 profile=self.profile)
         return self._finish_cycle(c, results, times)
+
+    def _controller(self, rows: int):
+        """The auto rows' depth controller: the carryover's for this batch size when the MTP
+        head drafts; one of this decoder's own (made once) for passed-in drafters, so a
+        replay's acceptance never teaches the head's controller."""
+        if self.batch.use_mtp:
+            return self.carryover.controller(self.model, rows)
+        if self._drafter_controller is None:
+            self._drafter_controller = self.carryover.controller(self.model, rows, drafter=True)
+        return self._drafter_controller
 
     def _finish_cycle(self, c: Cycle, results: list[RowResult], times: dict) -> Emitted:
         """Cut, commit and emit (the same for a plain and a speculative cycle)."""
