@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     from app.logging_setup import install_qt_message_handler, setup_logging
 
     setup_logging()
+    from app.platform_check import advice, missing_libraries, qt_core_missing
+
+    missing = qt_core_missing()
+    if missing:
+        print(f"mtpchat: {advice(missing, 'Qt')}", file=sys.stderr)
+        return 4
     install_qt_message_handler()
     log.info("MTP Chat %s starting (python %s)", __version__, sys.version.split()[0])
     lock, rc = _lock_data_folder()
@@ -81,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         from app.selftest import run_self_test
 
         return run_self_test(args)
-    from app.platform_check import advice, missing_libraries
-
     missing = missing_libraries()
     if missing:
         print(f"mtpchat: {advice(missing)}", file=sys.stderr)

@@ -4,13 +4,14 @@ wrong library. Nothing here imports Qt widgets; the plugin is only inspected wit
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 # soname prefix -> Debian package
-_PACKAGES = {
+PACKAGES = {
     "libxcb-cursor": "libxcb-cursor0", "libxcb-icccm": "libxcb-icccm4",
     "libxcb-keysyms": "libxcb-keysyms1", "libxcb-image": "libxcb-image0",
     "libxcb-render-util": "libxcb-render-util0", "libxcb-shape": "libxcb-shape0",
@@ -18,8 +19,10 @@ _PACKAGES = {
     "libxcb-xinerama": "libxcb-xinerama0", "libX11-xcb": "libx11-xcb1",
     "libxkbcommon-x11": "libxkbcommon-x11-0", "libxkbcommon": "libxkbcommon0",
     "libEGL": "libegl1", "libGL": "libgl1", "libfontconfig": "libfontconfig1",
-    "libdbus-1": "libdbus-1-3",
+    "libdbus-1": "libdbus-1-3", "libglib-2.0": "libglib2.0-0", "libgthread-2.0": "libglib2.0-0",
+    "libfreetype": "libfreetype6",
 }
+_NOT_FOUND = re.compile(r"(lib[\w.+-]+\.so(?:\.\d+)*): cannot open shared object file")
 
 
 def _uses_xcb() -> bool:
@@ -47,12 +50,25 @@ def missing_libraries() -> list[str]:
     return sorted(missing)
 
 
-def advice(missing: list[str]) -> str:
+def qt_core_missing() -> list[str]:
+    """The system library Qt's core cannot load without (on any platform, offscreen too):
+    a fresh Debian has no ``libglib-2.0.so.0`` until a desktop package brings it."""
+    try:
+        import PySide6.QtCore  # noqa: F401
+    except ImportError as exc:
+        found = _NOT_FOUND.search(str(exc))
+        if found is None:
+            raise
+        return [found.group(1)]
+    return []
+
+
+def advice(missing: list[str], what: str = "Qt's xcb platform plugin") -> str:
     pkgs = sorted({_package(lib) for lib in missing})
-    return (f"Qt's xcb platform plugin cannot load: missing {', '.join(missing)}. "
+    return (f"{what} cannot load: missing {', '.join(missing)}. "
             f"Install them with: sudo apt-get install -y {' '.join(pkgs)}")
 
 
 def _package(soname: str) -> str:
     stem = soname.split(".so")[0]
-    return _PACKAGES.get(stem, stem.lower())
+    return PACKAGES.get(stem, stem.lower())

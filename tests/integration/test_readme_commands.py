@@ -29,3 +29,17 @@ def test_readme_has_two_setup_commands_that_use_a_venv_and_python3():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci = (ROOT / ".ci" / "run").read_text("utf-8")
     assert _setup_commands()[1] in ci.splitlines()
+
+
+def test_both_commands_install_the_listed_debian_packages_and_they_cover_qt():
+    """Both install ``packaging/apt-packages.txt`` (the test command adds Xvfb for the xcb
+    launch test); the list holds every package the app's start-up checks name, libglib
+    included (a fresh Debian lacks it and PySide6.QtCore cannot load without it)."""
+    from app.platform_check import PACKAGES
+
+    listed = (ROOT / "packaging" / "apt-packages.txt").read_text("utf-8").split()
+    for cmd in _setup_commands():
+        assert "apt-get install -y $(cat packaging/apt-packages.txt)" in cmd
+    assert "xvfb xauth" in _setup_commands()[1]
+    assert {"python3-venv", "libopenblas0-pthread", "libglib2.0-0"} <= set(listed)
+    assert set(PACKAGES.values()) <= set(listed), set(PACKAGES.values()) - set(listed)

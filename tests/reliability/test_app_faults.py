@@ -203,3 +203,28 @@ def test_generate_with_a_read_only_home_still_answers_without_a_traceback(tmp_pa
         assert "Traceback" not in r.stderr
         assert "prompt cache on disk turned off: [Errno 30] Read-only file system" in r.stderr
         assert len(json.loads(r.stdout)["token_ids"]) == 4
+
+
+def test_a_missing_qt_core_library_is_named_with_the_apt_command(monkeypatch):
+    """A fresh Debian has no libglib-2.0 until a desktop package brings it: PySide6.QtCore
+    then fails to import, on any platform (offscreen too). One line names the package."""
+    import builtins
+
+    from app import platform_check
+
+    real_import = builtins.__import__
+
+    def no_glib(name, *args, **kwargs):
+        if name == "PySide6.QtCore":
+            raise ImportError("libglib-2.0.so.0: cannot open shared object file: "
+                              "No such file or directory")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_glib)
+    missing = platform_check.qt_core_missing()
+    assert missing == ["libglib-2.0.so.0"]
+    msg = platform_check.advice(missing, "Qt")
+    assert msg.startswith("Qt cannot load: missing libglib-2.0.so.0.")
+    assert msg.endswith("sudo apt-get install -y libglib2.0-0")
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert platform_check.qt_core_missing() == []  # this machine has it
