@@ -54,6 +54,7 @@ class AuxWindows(QObject):
         # the session's figures from the start, for a dashboard opened late
         self.record = SessionRecord()
         self.tuning: tuple[int, int, str] | None = None  # a tune running: its last progress
+        self.verifying: tuple[int, int, str] | None = None  # an exactness check, likewise
         worker.stats.connect(self.on_stats)
         worker.finished.connect(self.on_finished)
         worker.server_stats.connect(self.on_stats)  # the local server's requests count too
@@ -61,6 +62,9 @@ class AuxWindows(QObject):
         worker.tune_progress.connect(self.on_tune_progress)
         worker.tune_finished.connect(self.on_tune_finished)
         worker.tune_failed.connect(self.on_tune_failed)
+        worker.verify_progress.connect(self.on_verify_progress)
+        worker.verify_done.connect(self.on_verify_ended)
+        worker.verify_failed.connect(self.on_verify_ended)
         model.changed.connect(self.on_model_changed)
 
     def show_dashboard(self) -> DashboardWindow:
@@ -74,6 +78,8 @@ class AuxWindows(QObject):
             self.dashboard.set_model_info(self._model.info)
             if self.tuning is not None:
                 self.dashboard.on_tune_progress(*self.tuning)
+            if self.verifying is not None:
+                self.dashboard.verify.on_progress(*self.verifying)
             self._restore(self.dashboard, "dashboard")
             add_close_keys(self.dashboard)
         _raise(self.dashboard)
@@ -145,6 +151,17 @@ class AuxWindows(QObject):
         self.tuning = None
         for view in self._tuner_views():
             view.on_tune_failed(message)
+
+    @Slot(int, int, str)
+    def on_verify_progress(self, done: int, total: int, message: str) -> None:
+        self.verifying = (done, total, message)
+
+    @Slot(object)
+    def on_verify_ended(self, _result: object) -> None:
+        """The check ended (a verdict, or a failure's message): nothing left to replay,
+        unless the failure was a second check refused while the first still runs."""
+        if self._worker.busy != "verify":
+            self.verifying = None
 
     def close_all(self) -> None:
         for name, w in (("dashboard", self.dashboard), ("models", self.models)):

@@ -19,10 +19,11 @@ figures (speed over time, acceptance by position, the waterfall) come from the
 Signals: ``tune_requested()`` and ``tune_cancel_requested()`` from the tuner card's button;
 ``verify_requested()`` and ``verify_cancel_requested()`` from its "Verify exactness" button.
 
-The exactness check (``engine.decoding.verify`` on the worker thread): ``on_verify_progress(done,
-total, message)``, ``on_verify_done(result)`` (a ``VerifyResult`` or its dict: the verdict in
-words, green for a pass, red for a fail) and ``on_verify_failed(message)``;
-``attach_verifier(worker)`` wires the button and these slots to an ``app.worker.Worker``.
+The exactness check (``engine.decoding.verify`` on the worker thread) is ``verify``
+(``verify_control.VerifyControl``): ``on_progress(done, total, message)``, ``on_done(result)``
+(a ``VerifyResult`` or its dict: the verdict in words, green for a pass, red for a fail) and
+``on_failed(message)``; ``attach_verifier(worker)`` wires the button and these slots to an
+``app.worker.Worker``.
 
 A ``QTimer`` repaints at most every ``REFRESH_MS`` and only when something changed (memory is
 re-read every ``IDLE_REFRESH_MS`` while idle), so generation speed does not depend on the UI.
