@@ -74,9 +74,10 @@ def gauge_ceiling(x: float) -> float:
 
 
 def fmt_bytes(n: int | None) -> str:
+    """Decimal GB/MB/KB, as every other size in the app (and macOS Finder)."""
     if n is None:
         return "n/a"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"

@@ -85,6 +85,15 @@ def test_tokens_say_last_reply_and_cycles_say_this_session(qtbot, demo):
     assert w.histogram_sub.text().endswith("cycles this session")
 
 
+def test_memory_card_uses_decimal_gb_as_the_rest_of_the_app(qtbot, demo):
+    from app.dashboard.charts import fmt_bytes
+
+    w, _feed = demo
+    assert fmt_bytes(17_179_869_184) == "17.2 GB" and fmt_bytes(350_000_000) == "350.0 MB"
+    assert fmt_bytes(None) == "n/a" and fmt_bytes(512) == "512 B"
+    assert "GiB" not in w.memory_sub.text() and w.memory_sub.text().endswith(" GB")
+
+
 def test_tuner_chart_shows_progress_while_it_runs(qtbot):
     from app.dashboard.window import TUNER_IDLE_TEXT, DashboardWindow
 
