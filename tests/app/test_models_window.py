@@ -108,7 +108,8 @@ def test_check_runs_off_the_ui_thread_and_flags_missing_mtp(qtbot, fake, make_wi
     assert not r["supported"] and not w.add_panel.download_button.isEnabled()
     assert "not supported" in w.add_panel.report_label.text()
     assert _checked(qtbot, w, "tiny/gated") is None
-    assert "HF_TOKEN" in w.add_panel.report_label.text()
+    text = w.add_panel.report_label.text()  # the token is added in the app, not a terminal
+    assert "Hugging Face token…" in text and "hf auth login" not in text and "HF_TOKEN" not in text
     assert not w.add_panel.download_button.isEnabled()
     assert _checked(qtbot, w, "not a repo id") is None
     assert "not a Hugging Face model id" in w.add_panel.report_label.text()
@@ -152,7 +153,8 @@ def test_gated_download_explains_the_token_then_retry_works(qtbot, fake, make_wi
     job = w.start_download("tiny/gated")
     row = w.downloads.rows[("tiny/gated", "main", None)]
     qtbot.waitUntil(lambda: job.state == "failed", timeout=10_000)
-    assert "hf auth login" in row.status.text() and row.buttons["retry"].isVisible()
+    assert "Hugging Face token…" in row.status.text() and "hf auth" not in row.status.text()
+    assert row.buttons["retry"].isVisible() and row.buttons["token"].isVisible()
     from PySide6.QtWidgets import QInputDialog
 
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: (VALID_TOKEN, True))
