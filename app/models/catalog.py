@@ -13,7 +13,9 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QT
 from app.models.panels import fmt_bytes, fmt_gib, model_table, verdict_chip
 from engine.errors import EngineError
 
-CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Verdict", "")
+CATALOG_COLUMNS = ("Model", "Parameters", "Download", "Memory", "Best choice", "Speed here",
+                   "Verdict", "")
+VERDICT_COL, BUTTONS_COL = 6, 7
 # The footer, in the window's own terms (the catalog file's notes name command lines).
 NOTES = (
     "Sizes and memory needs are estimates from each model's published configuration: Check "
@@ -40,6 +42,7 @@ class CatalogPanel(QWidget):
         lay = QVBoxLayout(page)
         self.machine_label = QLabel("", page)
         self.machine_label.setAccessibleName("This machine")
+        self.machine_label.setWordWrap(True)  # a long models folder must not widen the window
         lay.addWidget(self.machine_label)
         self.table = model_table(page, CATALOG_COLUMNS, "Model catalog")
         self.table.verticalHeader().setDefaultSectionSize(34)
@@ -77,15 +80,16 @@ class CatalogPanel(QWidget):
                         {})
             q = e["best_quantization"] or "-"
             choice = {"bf16": "bf16 as published"}.get(q, f"{q[:-3]}-bit (convert)")
+            tok_s = best.get("estimated_tok_s")
             cells = (e["repo_id"], f"{e['parameters_b']:g} B" + (" MoE" if e.get("moe") else ""),
                      fmt_bytes(best.get("download_bytes")), fmt_gib(best.get("memory_bytes", 0)),
-                     choice)
+                     choice, f"≈ {tok_s:g} tok/s" if tok_s else "–")
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(self._options_tooltip(e))
                 t.setItem(row, col, item)
-            t.setCellWidget(row, 5, _padded(verdict_chip(e["verdict"])))
-            t.setCellWidget(row, 6, self._buttons(e, best))
+            t.setCellWidget(row, VERDICT_COL, _padded(verdict_chip(e["verdict"])))
+            t.setCellWidget(row, BUTTONS_COL, self._buttons(e, best))
         self.notes.setText(" ".join(NOTES))
 
     @staticmethod

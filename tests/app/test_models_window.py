@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel
 
+from app.models.catalog import BUTTONS_COL, VERDICT_COL
 from engine.hub.store import Store
 from tests.fakehub import VALID_TOKEN, FakeHub, point_hf_at, tiny_repos
 
@@ -70,20 +71,33 @@ def test_catalog_lists_models_with_verdicts_for_this_machine(make_window):
     assert "Qwen/Qwen3.5-0.8B" in rows and "Qwen/Qwen3.6-35B-A3B" in rows
 
     def verdict(repo):
-        return t.cellWidget(rows[repo], 5).findChild(QLabel).text()
+        return t.cellWidget(rows[repo], VERDICT_COL).findChild(QLabel).text()
 
     def download_enabled(repo):
-        buttons = t.cellWidget(rows[repo], 6).findChildren(type(w.add_panel.check_button))
+        buttons = t.cellWidget(rows[repo], BUTTONS_COL).findChildren(type(w.add_panel.check_button))
         return next(b for b in buttons if b.text() == "Download").isEnabled()
 
     assert verdict("Qwen/Qwen3.5-0.8B") == "recommended" and download_enabled("Qwen/Qwen3.5-0.8B")
     assert verdict("Qwen/Qwen3.5-27B") == "not enough memory"
     assert not download_enabled("Qwen/Qwen3.5-27B")
     assert "17.2 GB" in w.catalog_panel.machine_label.text()  # issue 35: one unit, decimal GB
+    assert {t.item(r, 5).text() for r in range(t.rowCount())} == {"–"}  # bandwidth unknown
     w2 = make_window(total_memory=16 * GiB, free_space=lambda path: 10**9)
     t2 = w2.catalog_panel.table
-    assert t2.cellWidget(rows["Qwen/Qwen3.5-4B"], 5).findChild(QLabel).text() == \
+    assert t2.cellWidget(rows["Qwen/Qwen3.5-4B"], VERDICT_COL).findChild(QLabel).text() == \
         "not enough disk"
+
+
+def test_catalog_shows_the_estimated_speed_here(make_window):
+    """Issue 35: the speed estimated from the measured memory bandwidth is a column, so
+    "too slow" comes with its figure."""
+    w = make_window(machine={"bandwidth_bytes_per_s": 4e9})
+    t = w.catalog_panel.table
+    speeds = {t.item(r, 0).text(): t.item(r, 5).text() for r in range(t.rowCount())}
+    assert all(s.startswith("≈ ") and s.endswith(" tok/s") for s in speeds.values()), speeds
+    small, big = (float(speeds[r].split()[1]) for r in ("Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-27B"))
+    assert small > big > 0
+    assert "4 GB/s measured memory bandwidth" in w.catalog_panel.machine_label.text()
 
 
 def test_check_runs_off_the_ui_thread_and_flags_missing_mtp(qtbot, fake, make_window):
