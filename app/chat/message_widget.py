@@ -17,7 +17,8 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBut
 from app.chat.flow import MarkdownFlow
 from app.chat.full_text import FullTextDialog, size_text
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
-from app.chat.stats_line import format_stats, stats_tooltip
+from app.chat.stats_line import format_stats, shorter_stats, stats_tooltip
+from app.elided_label import ElidedLabel
 
 
 class ThinkCard(QFrame):
@@ -145,10 +146,9 @@ class MessageWidget(QFrame):
     def _build_footer(self) -> None:
         row = QHBoxLayout()
         row.setSpacing(2)
-        self.stats_label = QLabel("", self)
+        # one line: a narrow column shows a shorter form of it (every figure is in the tooltip)
+        self.stats_label = ElidedLabel("", self)
         self.stats_label.setObjectName("statsLine")
-        self.stats_label.setWordWrap(True)  # a narrow column wraps it instead of overflowing
-        self.stats_label.setMinimumWidth(60)
         self.stats_label.setAccessibleName("Reply statistics")
         self.copy_button = _action(self, "Copy", "Copy message", "Copy this message")
         self.copy_button.clicked.connect(self.copy)
@@ -290,16 +290,19 @@ class MessageWidget(QFrame):
             self.setObjectName("errorBubble")
             self.style().unpolish(self)
             self.style().polish(self)
-        line = format_stats(meta.get("stats")) if final else ""
+        stats = meta.get("stats") if final else None
+        forms = [format_stats(stats), *shorter_stats(stats)]  # the line, then shorter forms
         if status == "streaming" or not final:
-            line = f"Generating… {meta.get('tokens', 0)} tokens"
+            forms = [f"Generating… {meta.get('tokens', 0)} tokens"]
         elif status == "cancelled":
-            line = (line + " · stopped") if line else "Stopped"
+            forms = [f"{t} · stopped" for t in forms] if forms[0] else ["Stopped"]
         elif status == "interrupted":
-            line = "Interrupted (the app closed while this reply was streaming)"
+            forms = ["Interrupted (the app closed while this reply was streaming)"]
         if self.tint and self.role == "assistant" and final:
-            line += " · tinted: text from accepted drafts"
-        self.stats_label.setText(line)
+            forms = [forms[0] + " · tinted: text from accepted drafts",
+                     *(f"{t} · tinted" for t in forms)]
+        line, shorter = forms[0], forms[1:]
+        self.stats_label.set_texts(line, *shorter)
         self.stats_label.setToolTip(stats_tooltip(meta.get("stats")) if final else "")
         self.stats_label.setVisible(bool(line))
         self._streaming = not final

@@ -73,9 +73,26 @@ def seconds(t: float) -> str:
 def format_stats(summary: ReplySummary | Mapping | None) -> str:
     """The line under a reply, in plain words (empty when there is no summary); the detailed
     figures are in ``stats_tooltip``."""
+    return " · ".join(_parts(summary))
+
+
+def shorter_stats(summary: ReplySummary | Mapping | None) -> list[str]:
+    """Shorter forms of ``format_stats`` for a narrow column (the line stays one line): the
+    acceptance rate goes first, then the time to first token, then the token count; the
+    speed and tokens per step stay (the tooltip has every figure)."""
+    parts, out = _parts(summary), []
+    for drop in ("acceptance rate", "first token", " tokens"):
+        kept = [p for p in parts if drop not in p or "per step" in p]
+        if kept != parts and kept:
+            parts = kept
+            out.append(" · ".join(parts))
+    return out
+
+
+def _parts(summary: ReplySummary | Mapping | None) -> list[str]:
     f = figures(summary)
     if f is None:
-        return ""
+        return []
     parts = []
     if f.tokens_per_s:
         parts.append(f"{f.tokens_per_s:.1f} tok/s")
@@ -87,7 +104,7 @@ def format_stats(summary: ReplySummary | Mapping | None) -> str:
     parts.append(f"{f.tokens} tokens")
     if f.depth_max and f.draft_acceptance is not None:
         parts.append(f"acceptance rate {f.draft_acceptance:.0%}")
-    return " · ".join(parts)
+    return parts
 
 
 def stats_tooltip(summary: ReplySummary | Mapping | None) -> str:

@@ -34,9 +34,8 @@ import logging
 
 import psutil
 from PySide6.QtCore import Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
-    QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QSizePolicy, QTableWidget,
+    QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QScrollArea, QTableWidget,
     QVBoxLayout, QWidget,
 )
 
@@ -47,6 +46,7 @@ from app.dashboard.charts import (
 from app.dashboard.recorder import SessionRecord
 from app.dashboard.tuner_view import show_tuning
 from app.dashboard.verify_control import VerifyControl
+from app.elided_label import ElidedLabel
 from app.window_state import fit_to_screen
 from engine.hub import store
 from engine.metrics.stats import StatsAggregator, StatsSnapshot
@@ -73,39 +73,6 @@ QLabel#verdict { border-radius: 6px; padding: 4px 6px; }
 """
 
 
-class _Elided(QLabel):
-    """A one-line label that never widens its layout. ``set_texts(full, *shorter)``: it shows
-    the longest of them that fits, and only the shortest ends in an ellipsis if none does."""
-
-    def __init__(self, text: str = "") -> None:
-        super().__init__(text)
-        self.shorter: tuple[str, ...] = ()
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-
-    def setText(self, text: str) -> None:  # noqa: N802 (Qt name)
-        self.shorter = ()
-        super().setText(text)
-
-    def set_texts(self, full: str, *shorter: str) -> None:
-        super().setText(full)
-        self.shorter = shorter
-        self.update()
-
-    def shown_text(self) -> str:
-        """What is painted at the current width."""
-        fm, width = self.fontMetrics(), self.contentsRect().width()
-        for text in (self.text(), *self.shorter):
-            if fm.horizontalAdvance(text) <= width:
-                return text
-        last = self.shorter[-1] if self.shorter else self.text()
-        return fm.elidedText(last, Qt.TextElideMode.ElideRight, width)
-
-    def paintEvent(self, event) -> None:  # noqa: N802 (Qt name)
-        p = QPainter(self)
-        p.setPen(self.palette().color(self.foregroundRole()))
-        p.drawText(self.contentsRect(), int(self.alignment()), self.shown_text())
-
-
 def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tuple[QFrame, QVBoxLayout, QLabel]:
     frame = QFrame()
     frame.setObjectName("card")
@@ -116,7 +83,7 @@ def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tup
     t = QLabel(title)
     t.setObjectName("cardTitle")
     head.addWidget(t)
-    sub = _Elided(subtitle)
+    sub = ElidedLabel(subtitle)
     sub.setObjectName("muted")
     sub.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
     head.addWidget(sub, 1)
@@ -187,13 +154,13 @@ def _tuner_table() -> QTableWidget:
     return table
 
 
-def _header(clear_stats) -> tuple[QHBoxLayout, _Elided, QLabel]:
+def _header(clear_stats) -> tuple[QHBoxLayout, ElidedLabel, QLabel]:
     """Title, model (shortened to fit: name and depth, then the name), status and Clear."""
     lay = QHBoxLayout()
     title = QLabel("Speculative decoding")
     title.setStyleSheet("font-size: 16pt; font-weight: 700;")
     lay.addWidget(title)
-    model_label = _Elided("no model loaded")
+    model_label = ElidedLabel("no model loaded")
     model_label.setObjectName("muted")
     model_label.setAccessibleName("Model")
     lay.addWidget(model_label, 1)

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox, QFormLayout
 
 from app.chat.main_window import about_text
 from app.chat.settings_dialog import DefaultsDialog
-from app.chat.stats_line import format_stats, seconds, stats_tooltip
+from app.chat.stats_line import format_stats, seconds, shorter_stats, stats_tooltip
 from app.chat.theme import current_colors, stylesheet
 
 STATS = {"tokens": 120, "tokens_per_s": 312.4, "ttft_s": 0.0031, "cycles": 50,
@@ -173,3 +173,32 @@ def test_the_application_is_named_mtp_chat(qapp):
     assert application() is QApplication.instance()
     assert QApplication.applicationName() == QApplication.applicationDisplayName() == "MTP Chat"
     assert QApplication.desktopFileName() == APP_ID == "mtpchat"
+
+
+def test_shorter_stats_drop_figures_in_order_and_keep_the_speed():
+    assert [s.count(" · ") for s in shorter_stats(STATS)] == [3, 2, 1]
+    assert shorter_stats(STATS)[-1] == "312.4 tok/s · 2.6 tokens per step"
+    assert shorter_stats(None) == [] and shorter_stats({"tokens": 3}) == []
+
+
+def test_stats_line_is_one_line_at_900_with_settings_open(qtbot, win):
+    from tests.app.chat_fixtures import send
+
+    send(qtbot, win, "hello")
+    win.resize(900, 650)
+    win.settings_button.setChecked(True)
+    QApplication.processEvents()
+    qtbot.wait(50)
+    label = win.view.widgets[max(win.view.widgets)].stats_label
+    stats = win.conversations.message(max(win.view.widgets)).meta["stats"]
+    fm = label.fontMetrics()
+    assert label.height() < 2 * fm.lineSpacing()  # one line, never wrapped
+    shown = label.shown_text()
+    assert shown in [format_stats(stats), *shorter_stats(stats)]  # a whole form, no "…"
+    assert fm.horizontalAdvance(shown) <= label.contentsRect().width()
+    assert label.text() == format_stats(stats) and "Time to first token" in label.toolTip()
+    win.settings_button.setChecked(False)
+    win.resize(1440, 900)
+    QApplication.processEvents()
+    qtbot.wait(50)
+    assert label.shown_text() == format_stats(stats)  # room enough: every figure
