@@ -15,6 +15,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QWidget
 
 CHECK_MARK = Path(__file__).with_name("check.svg")
+ARROWS = (Path(__file__).with_name("arrow-up.svg"), Path(__file__).with_name("arrow-down.svg"))
 
 THEME_MODES = ("system", "light", "dark")
 # placeholders: clearly dimmer than typed text (#e8eaed / #202124) in each theme
@@ -121,6 +122,7 @@ def stylesheet(c: Colors) -> str:
     (chat, dashboard, model manager, dialogs) gets it: the chat widgets' colours (selectors are
     object names set by the widgets) and check boxes that stay visible in the dark theme."""
     check = CHECK_MARK.as_posix()
+    up, down = (a.as_posix() for a in ARROWS)
     return f"""
     QCheckBox::indicator, QGroupBox::indicator {{ width: 14px; height: 14px; border-radius: 3px;
         border: 1px solid {c.muted}; background: {"#17181a" if c.dark else "#ffffff"}; }}
@@ -149,6 +151,16 @@ def stylesheet(c: Colors) -> str:
     QLineEdit#textInput, QPlainTextEdit#textInput {{ background: {c.base};
         border: 1px solid {c.input_border}; border-radius: 6px; padding: 2px 4px; }}
     QLineEdit#textInput:focus, QPlainTextEdit#textInput:focus {{ border-color: {c.accent}; }}
+    QAbstractSpinBox {{ background: {c.base}; border: 1px solid {c.input_border};
+        border-radius: 4px; padding: 1px 2px; }}
+    QAbstractSpinBox:focus {{ border-color: {c.accent}; }}
+    QAbstractSpinBox:disabled {{ color: {c.muted}; border-color: {c.border}; }}
+    QAbstractSpinBox::up-button, QAbstractSpinBox::down-button {{ subcontrol-origin: border;
+        width: 16px; border: none; background: transparent; }}
+    QAbstractSpinBox::up-button {{ subcontrol-position: top right; }}
+    QAbstractSpinBox::down-button {{ subcontrol-position: bottom right; }}
+    QAbstractSpinBox::up-arrow {{ image: url({up}); width: 10px; height: 6px; }}
+    QAbstractSpinBox::down-arrow {{ image: url({down}); width: 10px; height: 6px; }}
     QToolButton#composerToggle {{ border: 1px solid {c.input_border}; border-radius: 6px;
         padding: 2px 10px; background: {c.code_header}; color: {c.text}; }}
     QToolButton#composerToggle:hover {{ border-color: {c.accent}; }}

@@ -124,6 +124,11 @@ def test_think_checked_state_and_inputs_are_styled(win, theme):
     assert win.composer.think_button.objectName() == "composerToggle"
     assert win.composer.edit.objectName() == win.sidebar.search.objectName() == "textInput"
     assert f"border: 1px solid {c.input_border}" in css
+    # spin boxes too (dark Fusion draws their frame in the window's own colour), arrows drawn
+    from app.chat.theme import ARROWS
+
+    assert "QAbstractSpinBox { background:" in css and all(a.is_file() for a in ARROWS)
+    assert all(f"image: url({a.as_posix()})" in css for a in ARROWS)
     pal = QApplication.palette()
     placeholder = pal.color(pal.ColorRole.PlaceholderText)
     typed = pal.color(pal.ColorRole.Text)
