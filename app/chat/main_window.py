@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
@@ -450,7 +450,11 @@ class MainWindow(QMainWindow):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def show_about(self) -> None:
-        QMessageBox.about(self, "About MTP Chat", about_text())
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "About MTP Chat", about_text(),
+                          QMessageBox.StandardButton.Ok, self)
+        for b in box.buttons():  # a plain OK, as on a Mac: no stock tick icon
+            b.setIcon(QIcon())
+        box.exec()
 
     def _full_text(self, msg_id: int) -> str:
         """A message's whole text (the view reads only the start of a long one)."""

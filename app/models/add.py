@@ -35,9 +35,11 @@ class AddPanel(QWidget):
         self._check_seq = 0
         self._relays: list = []
         lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("Paste a Hugging Face model id (org/name) or link. MTP Chat checks "
-                             "it before downloading anything: architecture, MTP head, size, "
-                             "memory and disk.", self))
+        intro = QLabel("Paste a Hugging Face model id (org/name) or link. MTP Chat checks it "
+                       "before downloading anything: architecture, MTP head, size, memory and "
+                       "disk.", self)
+        intro.setWordWrap(True)  # the window fits 900 px
+        lay.addWidget(intro)
         lay.addLayout(self._build_entry())
         self.check_busy = QProgressBar(self)
         self.check_busy.setRange(0, 0)

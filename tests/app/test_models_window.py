@@ -288,3 +288,12 @@ def test_screenshots(qtbot, fake, make_window, tmp_path):
     assert "Paused" in rows[0].status.text() and SHARD1 in rows[2].status.text()
     _shoot(w, out / "models_downloads.png")
     fake.path_delay_s.clear()
+
+
+def test_the_model_manager_fits_900_px(qtbot, make_window):
+    """Issue 35: every tab fits a 900×650 window (long texts wrap, tables scroll)."""
+    w = make_window()
+    assert w.minimumSizeHint().width() <= 900
+    w.resize(900, 650)
+    qtbot.wait(20)
+    assert w.width() == 900

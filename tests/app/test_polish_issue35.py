@@ -207,3 +207,23 @@ def test_stats_line_is_one_line_at_900_with_settings_open(qtbot, win):
     QApplication.processEvents()
     qtbot.wait(50)
     assert label.shown_text() == format_stats(stats)  # room enough: every figure
+
+
+def test_about_box_has_a_plain_ok_button(qtbot, win):
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QMessageBox
+
+    seen = {}
+
+    def inspect() -> None:
+        box = QApplication.activeModalWidget()
+        assert isinstance(box, QMessageBox)
+        seen["title"] = box.windowTitle()
+        seen["icons"] = [b.icon().isNull() for b in box.buttons()]
+        seen["text"] = box.text()
+        box.accept()
+
+    QTimer.singleShot(100, inspect)
+    win.show_about()
+    assert seen["title"] == "About MTP Chat" and seen["icons"] == [True]
+    assert seen["text"] == about_text()
