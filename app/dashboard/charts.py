@@ -444,7 +444,7 @@ class DepthChart(_Chart):
             p.drawText(QRectF(plot.left() - 44, y - 8, 40, 16),
                        Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, f"D{d}")
         first = self.points[0][0]
-        n = max(self.span, 1)
+        n = max(min(self.points[-1][0] - first + 1, self.span), 1)  # the cycles shown fill it
 
         def pt(seq: float, d: float) -> QPointF:
             return QPointF(plot.left() + plot.width() * (seq - first) / n,

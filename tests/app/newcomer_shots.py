@@ -93,9 +93,11 @@ def main(argv: list[str]) -> int:
         w.apply_preferences(AppPreferences(theme=theme))
         for name, size in SIZES.items():
             _grab(app, w, out / f"chat-{theme}-{name}.png", size)
+            w.composer.think_button.setChecked(True)  # the Think toggle's "on" state
             w.settings_button.setChecked(True)
             _grab(app, w, out / f"chat-{theme}-{name}-settings.png", size)
             w.settings_button.setChecked(False)
+            w.composer.think_button.setChecked(False)
         dash = w.aux.show_dashboard()
         for name, size in (("default", (1240, 770)), ("1440x900", (1440, 900))):
             _grab(app, dash, out / f"dashboard-{theme}-{name}.png", size)

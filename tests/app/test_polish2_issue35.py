@@ -209,3 +209,20 @@ def test_json_export_includes_attachments():
     assert data["messages"][0]["attachments"] == [
         {"name": "notes.md", "kind": "markdown", "content": "# Notes\nIterators implement __next__.\n"}]
     assert "attachments" not in data["messages"][1]
+
+
+def test_depth_chart_spreads_the_cycles_seen_across_its_width(qtbot):
+    """26 cycles filled the first 26/300 of the chart while its right edge read "cycle 26"."""
+    from PySide6.QtGui import QImage
+
+    from app.dashboard.charts import BLUE, DepthChart
+
+    chart = DepthChart()
+    qtbot.addWidget(chart)
+    chart.resize(340, 150)
+    chart.set_points([(s, 3 if s < 10 else 4, "chosen") for s in range(26)], max_depth=6)
+    img = QImage(chart.size(), QImage.Format.Format_RGB32)
+    chart.render(img)
+    blue = [x for x in range(img.width()) for y in range(img.height())
+            if img.pixelColor(x, y).name() == BLUE.name()]
+    assert blue and max(blue) > 0.9 * img.width() and min(blue) < 0.25 * img.width()
