@@ -60,6 +60,7 @@ MIN_WIDTH = 900
 TUNER_IDLE_TEXT = "Run the tuner to compare depths"
 REFRESH_MS = 300
 IDLE_REFRESH_MS = 2000
+IDLE = GREY.darker(150)  # the idle pill: white text stays readable on it (the chart grey is too light)
 PHASES = ("draft", "verify", "accept", "commit", "sync wait", "other")
 CARD_STYLE = """
 QScrollArea, QWidget#content { background: palette(window); }
@@ -457,7 +458,7 @@ class DashboardWindow(QWidget):
         state = "generating" if live else "tuning" if self._tuning else "idle"
         self.status.setText(state)
         self.status.setStyleSheet(
-            f"background: {(GREEN if live else AMBER if self._tuning else GREY).name()};")
+            f"background: {(GREEN if live else AMBER if self._tuning else IDLE).name()};")
         caption = f"5-min average {s.tps_window:.1f}" if s.tps_window else "no recent decoding"
         seen = [s.tps_instant, s.tps_window, *(y for _, y in s.tps_series)]
         if self.last_summary is not None and self.last_summary.tokens_per_s:
