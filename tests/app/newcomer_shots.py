@@ -4,7 +4,8 @@
     DISPLAY=:25 QT_QPA_PLATFORM=xcb PYTHONPATH=$PWD python -m tests.app.newcomer_shots OUT
 
 A temporary home and database; the real ``MainWindow``, worker and demo model at the default
-chat settings. Grabs, in the light and the dark theme: the dashboard idle; a two-turn chat
+chat settings. ``--sheets DIR`` then makes the contact sheets committed under
+docs/screenshots/newcomer/ from DIR's grabs. Grabs, in the light and the dark theme: the dashboard idle; a two-turn chat
 (900×650 and 1440×900, the chat settings panel closed and open); the dashboard after the
 replies; each tab of the model manager; the Settings dialog and the About box.
 """
@@ -63,8 +64,52 @@ def _wait(app, w, seconds: float = 120) -> None:
         _pump(app, 0.05)
 
 
+SHEETS = {  # sheet name -> (grabs, columns)
+    **{f"chat-{t}": ([f"chat-{t}-{s}{o}" for s in SIZES for o in ("", "-settings")], 2)
+       for t in ("light", "dark")},
+    "dashboard": ([f"dashboard-{k}" for k in ("idle-light", "idle-dark", "light-default",
+                                             "dark-default", "light-1440x900", "dark-1440x900")],
+                  2),
+    **{f"models-{t}": ([f"models-{t}-tab{i}-900x650" for i in range(5)], 2)
+       for t in ("light", "dark")},
+    "dialogs": ([f"{d}-{t}" for d in ("settings", "about") for t in ("light", "dark")], 2),
+}
+
+
+def contact_sheets(src: Path, out: Path, width: int = 480) -> None:
+    """One PNG per window: its grabs scaled to ``width``, captioned, in a grid."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QColor, QImage, QPainter
+
+    for name, (grabs, cols) in SHEETS.items():
+        images = []
+        for g in grabs:
+            img = QImage(str(src / f"{g}.png"))
+            images.append((g, img.scaledToWidth(min(width, img.width()),
+                                                Qt.TransformationMode.SmoothTransformation)))
+        rows = (len(images) + cols - 1) // cols
+        cell_h = max(i.height() for _, i in images) + 22
+        sheet = QImage(cols * (width + 10) + 10, rows * cell_h + 10, QImage.Format.Format_RGB32)
+        sheet.fill(QColor("#ffffff"))
+        p = QPainter(sheet)
+        for k, (caption, img) in enumerate(images):
+            x, y = 10 + (k % cols) * (width + 10), 10 + (k // cols) * cell_h
+            p.setPen(QColor("#202124"))
+            p.drawText(x, y + 12, caption)
+            p.drawImage(x, y + 18, img)
+        p.end()
+        sheet.save(str(out / f"sheet-{name}.png"), "PNG", 0)
+        print(out / f"sheet-{name}.png", flush=True)
+
+
 def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
+
+    if argv[:1] == ["--sheets"]:
+        app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841 (fonts)
+        contact_sheets(Path(argv[1]), Path(argv[2] if len(argv) > 2 else
+                                           "docs/screenshots/newcomer"))
+        return 0
 
     from app.chat.main_window import MainWindow
     from app.chat.settings_dialog import AppPreferences
