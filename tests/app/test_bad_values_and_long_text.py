@@ -93,9 +93,9 @@ def test_a_preview_reads_only_the_start_of_a_long_message(tmp_path):
 
 def test_markdown_scanning_is_bounded():
     for text in ("`" * 100_000 + "a", "`a" * 50_000, "__a" + "_a" * 50_000):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # the work done: CPU time, which other processes do not inflate
         protect_identifiers(text)
-        assert time.perf_counter() - t0 < 1.0  # it was 33 s for 16,000 backticks
+        assert time.thread_time() - t0 < 1.0  # it was 33 s for 16,000 backticks
     blocks = split_blocks("x" * 40_000 + "\n\n" + ("word " * 30 + "\n") * 2000)
     assert max(b.end - b.start for b in blocks) <= HARD_LIMIT
     assert "".join(b.text for b in blocks).count("x") == 40_000
@@ -118,10 +118,10 @@ def test_a_5_mb_message_shows_its_start_and_the_whole_on_request(win, qtbot, rol
     assert len(big) > 5_000_000
     cid = win.conversations.current
     mid = win.store.add_message(cid, role, big)
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # the GUI thread's CPU time: a loaded machine does not inflate it
     win.chats.open_conversation(cid)
     qtbot.wait(10)
-    took = time.perf_counter() - t0
+    took = time.thread_time() - t0
     w = win.view.widgets[mid]
     assert len(w.shown) <= PREVIEW_CHARS and big.startswith(w.shown)
     assert len(w.content) <= PREVIEW_CHARS + 1  # only the start was read from SQLite
