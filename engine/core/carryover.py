@@ -3,7 +3,8 @@ controllers), owned by the engine core, never by the ``Model`` (weights, tokeniz
 
 A decoder reads and writes the carryover it is given: it resumes a prompt from the longest
 saved snapshot (in memory, then on disk), keeps the snapshots after the prompt and after the
-reply, and asks for the depth controller of its batch size. ``carryover_of(model)`` is the
+reply (and before the chat template's generation prompt, where the next turn's prompt stops
+matching: ``Carryover.checkpoint``), and asks for the depth controller of its batch size. ``carryover_of(model)`` is the
 one a model's replies share by default (``Model.generate``, the scheduler, the CLI), made on
 first use and dropped with the model.
 """
@@ -31,6 +32,7 @@ class Carryover:
     prompt_cache: PromptCache = field(default_factory=PromptCache)
     disk_cache: object | None = None   # engine.decoding.diskcache.DiskPromptCache | None
     controllers: dict[int, AdaptiveDepth] = field(default_factory=dict)
+    suffixes: tuple[tuple[int, ...], ...] | None = None  # the generation prompts' tokens
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -58,13 +60,31 @@ class Carryover:
             return Session.from_snapshot(model, snap, use_mtp=use_mtp), len(snap.fed)
         return Session.fresh(model, use_mtp=use_mtp), 0
 
-    def keep(self, after_prompt: Snapshot, at_end: Snapshot) -> None:
-        """Keep a reply's final state in memory; both snapshots go to the disk cache (if
-        on), written in the background."""
+    def checkpoint(self, model, prompt: list[int]) -> int | None:
+        """Where the next turn's prompt will stop matching this one: before the chat
+        template's generation prompt, when ``prompt`` ends with one (None otherwise).
+
+        A template may render the turn being generated unlike the same turn once answered
+        (Qwen3.5 with thinking off opens an empty ``<think></think>`` block that earlier
+        turns do not show), so the state after the whole prompt is never a prefix of the
+        next turn's; the state at this point is (the decoder keeps it, issue 35)."""
+        if self.suffixes is None:
+            self.suffixes = _generation_suffixes(model)
+        for suffix in self.suffixes:
+            n = len(prompt) - len(suffix)
+            if n > 0 and tuple(prompt[n:]) == suffix:
+                return n
+        return None
+
+    def keep(self, after_prompt: Snapshot, at_end: Snapshot,
+             checkpoint: Snapshot | None = None) -> None:
+        """Keep a reply's final state in memory; the snapshots go to the disk cache (if on),
+        written in the background (``checkpoint``: the state before the generation prompt)."""
         self.prompt_cache.keep(at_end)
         if self.disk_cache is not None:
             try:
-                self.disk_cache.save([after_prompt, at_end])
+                self.disk_cache.save([s for s in (checkpoint, after_prompt, at_end)
+                                      if s is not None])
             except Exception:  # noqa: BLE001 - the disk cache never costs a reply
                 log.warning("could not save the prompt cache", exc_info=True)
 
@@ -93,6 +113,24 @@ class Carryover:
             c = AdaptiveDepth(max_d, initial=None if near is None else known[near].state())
         self.controllers[rows] = c
         return c
+
+
+def _generation_suffixes(model) -> tuple[tuple[int, ...], ...]:
+    """The token ids a chat template adds for the reply (with thinking off, on and unset;
+    longest first): the render of one user message with and without the generation prompt,
+    less their common start. () for a model without a template (raw prompts)."""
+    out: set[tuple[int, ...]] = set()
+    msgs = [{"role": "user", "content": "Hi"}]
+    for thinking in (False, True, None):
+        try:
+            bare = model.chat_ids(msgs, enable_thinking=thinking, add_generation_prompt=False)
+            full = model.chat_ids(msgs, enable_thinking=thinking)
+        except Exception:  # noqa: BLE001 - no template (or a broken one): no checkpoint
+            log.debug("no generation prompt for %s", model.info.path, exc_info=True)
+            continue
+        if full[:len(bare)] == bare and len(full) > len(bare):
+            out.add(tuple(full[len(bare):]))
+    return tuple(sorted(out, key=len, reverse=True))
 
 
 def _tuned(model) -> dict | None:

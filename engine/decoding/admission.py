@@ -48,13 +48,24 @@ class Admission:
             self.joining = st = self.waiting.popleft()
             st.session, st.reused = self.carryover.session_for(self.model, st.prompt,
                                                                self.use_mtp)
-            rest = st.prompt[st.reused:]
-            st.prefill = st.session.prefill_chunks(rest) if rest else iter(())
+            st.prefill = self._prefill(st)
         st = self.joining
         if next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt):
             return None  # more chunks to go: the batch runs a cycle meanwhile
         self.joining = None
         return st
+
+    def _prefill(self, st: Stream):
+        """The prompt's chunks; at the carryover's checkpoint (before the chat template's
+        generation prompt) the state goes to the prompt cache, for the next turn."""
+        cut = self.carryover.checkpoint(self.model, st.prompt)
+        if cut is not None and st.reused < cut:
+            yield from st.session.prefill_chunks(st.prompt[st.reused:cut])
+            st.checkpoint = st.session.snapshot()
+            self.carryover.prompt_cache.keep(st.checkpoint)
+            yield from st.session.prefill_chunks(st.prompt[cut:])
+        elif st.reused < len(st.prompt):
+            yield from st.session.prefill_chunks(st.prompt[st.reused:])
 
     def first_token(self, st: Stream) -> Event:
         """The prompt's next token, drawn as plain decoding draws it (the stream's first

@@ -178,7 +178,7 @@ class BatchDecoder:
         if row is not None:  # the same conversation: its snapshots replace each other
             session.lineage = st.lineage
         if session is not None and st.after_prompt is not None:
-            self.carryover.keep(st.after_prompt, session.snapshot())
+            self.carryover.keep(st.after_prompt, session.snapshot(), st.checkpoint)
         st.session = st.prefill = None
         return st, ev
 

@@ -54,6 +54,7 @@ class Stream:
     reused: int = 0
     x0: int = -1                        # the pending token (emitted, not yet fed)
     after_prompt: Snapshot | None = None
+    checkpoint: Snapshot | None = None  # before the generation prompt (``Carryover.checkpoint``)
     lineage: int = 0                    # its prompt-cache lineage (``session.PromptCache``)
     finished: bool = False
 

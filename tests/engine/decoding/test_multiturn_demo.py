@@ -6,6 +6,9 @@ json's text") is the demo's, not the prompt's: a chat past the 256-token windows
 trained on gets the same answer from an independent implementation of the same weights
 (transformers' Qwen3.5 modeling in torch, no cache) fed the template's token ids. See
 docs/newcomer.md, "Item 14".
+
+On the way: the next turn now resumes from the state before the template's generation prompt
+(with thinking off the state after the whole prompt never starts the next prompt), exactly.
 """
 from __future__ import annotations
 
@@ -82,3 +85,61 @@ def test_past_its_training_window_the_demo_itself_answers_from_the_history(demo)
         _, logits = load_model(default_model_path()).trunk_forward(torch.tensor([ids + got]))
     assert logits[0, len(ids) - 1:-1].argmax(-1).tolist() == got
     assert demo.tokenizer.decode(got).startswith("`json.dump")
+
+
+def _turns(model, questions, carry, *, thinking, sampling=GREEDY, seed=None):
+    """Each question after the previous answers (the app's history); per turn, the prompt,
+    the reply's ids and its prefill stats."""
+    msgs, out = [], []
+    for q in questions:
+        msgs.append({"role": "user", "content": q})
+        ids = model.chat_ids(msgs, enable_thinking=thinking)
+        reply, prefill = [], None
+        for ev in model.generate(ids, max_tokens=60, depth="auto", sampling=sampling,
+                                 seed=seed, carryover=carry):
+            prefill = ev.prefill or prefill
+            reply += ev.token_ids
+        out.append((ids, reply, prefill))
+        text = model.tokenizer.decode(reply, skip_special_tokens=True)
+        msgs.append({"role": "assistant", "content": text.split("</think>")[-1].lstrip("\n")})
+    return out
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_the_next_turn_resumes_before_the_generation_prompt(demo, thinking):
+    """With thinking off the template opens an empty think block for the turn being written
+    that the answered turn no longer shows: the state after the whole prompt never starts the
+    next prompt, the state before the generation prompt does. Replies stay exact."""
+    carry = Carryover()
+    turns = _turns(demo, EARLIER[:3], carry, thinking=thinking)
+    suffix = len(turns[0][0]) - carry.checkpoint(demo, turns[0][0])
+    assert 0 < suffix <= 8
+    for (prev, _r, _p), (ids, reply, prefill) in zip(turns, turns[1:]):
+        assert prefill.reused_tokens >= len(prev) - suffix  # the whole previous prompt
+        fresh, _ = _reply(demo, ids, Carryover(), max_tokens=60)
+        plain, _ = _reply(demo, ids, Carryover(), depth=0, max_tokens=60)
+        assert reply == fresh == plain
+    sampled = SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
+    resumed = _turns(demo, EARLIER[:3], Carryover(), thinking=thinking, sampling=sampled, seed=7)
+    for ids, reply, _p in resumed:
+        alone = [t for ev in demo.generate(ids, max_tokens=60, depth="auto", sampling=sampled,
+                                           seed=7, carryover=Carryover()) for t in ev.token_ids]
+        assert reply == alone
+
+
+def test_the_checkpoint_goes_to_the_disk_cache(demo, tmp_path, monkeypatch):
+    from engine.decoding import diskcache
+
+    monkeypatch.setenv("MTPCHAT_PROMPT_DISK_CACHE_MIN_TOKENS", "8")
+
+    def carry() -> Carryover:
+        return Carryover(disk_cache=diskcache.from_env(
+            demo.info.path, demo.info.dtype, demo.trunk.make_cache(), demo.mtp.make_cache(),
+            root=tmp_path, enabled=True))
+
+    first = carry()
+    turns = _turns(demo, EARLIER[:2], first, thinking=False)
+    first.disk_cache.flush()
+    ids, reply, _ = turns[1]
+    again, prefill = _reply(demo, ids, carry(), max_tokens=60)  # a restarted app
+    assert prefill.reused_tokens >= len(turns[0][0]) - 8 and again == reply
