@@ -18,6 +18,8 @@ from app.chat.flow import MarkdownFlow
 from app.chat.full_text import FullTextDialog, size_text
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
 from app.chat.stats_line import format_stats, stats_tooltip
+from app.tools.cards import ToolCallsPanel
+from app.tools.history import visible_answer
 
 
 class ThinkCard(QFrame):
@@ -105,6 +107,8 @@ class MessageWidget(QFrame):
         self.full_length = 0    # the whole text's length in characters
         self.shown = ""         # what is rendered (at most PREVIEW_CHARS)
         self.full_loader: Callable[[int], str] | None = None  # msg_id -> the whole text
+        self.tool_decider = None  # the ToolLoop: a step's cards ask it (app.tools.cards)
+        self.tool_panel: ToolCallsPanel | None = None
         self._streaming = False
         self._regen_wanted = False
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
@@ -278,9 +282,19 @@ class MessageWidget(QFrame):
                                     final=final, spans=spans, base=parts.think_offset)
             # An empty, finished block (Qwen's "thinking off" form) is not worth a card.
             self.think.setVisible(bool(parts.think.strip()) or not parts.think_done)
-        self.body.set_text(parts.answer, final=final, spans=spans, base=parts.answer_offset)
-        self.body.setVisible(bool(parts.answer) or parts.think is None)
+        answer = visible_answer(parts.answer)  # tool-call markup shows as cards instead
+        self.body.set_text(answer, final=final, spans=spans, base=parts.answer_offset)
+        calls = bool(meta.get("tool_calls") or meta.get("tool_note"))
+        self.body.setVisible(bool(answer.strip()) or (parts.think is None and not calls))
+        if calls or self.tool_panel is not None:
+            self._update_tools(meta)
         self._update_footer(meta, final=final)
+
+    def _update_tools(self, meta: dict) -> None:
+        if self.tool_panel is None:
+            self.tool_panel = ToolCallsPanel(self)
+            self._lay.insertWidget(self._lay.indexOf(self.more_button), self.tool_panel)
+        self.tool_panel.show_calls(self.msg_id, meta, self.tool_decider)
 
     def _update_footer(self, meta: dict, *, final: bool) -> None:
         status = meta.get("status")
