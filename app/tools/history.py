@@ -15,6 +15,7 @@ that got a result as ``tool_calls``; a ``tool`` message as ``{"role": "tool", ..
 """
 from __future__ import annotations
 
+import json
 import re
 
 from app.chat.attachments import with_attachments
@@ -63,3 +64,29 @@ def template_message(m, files=()) -> dict | None:
     elif not out["content"]:
         return None
     return out
+
+
+def _fenced(text: str, lang: str = "") -> list[str]:
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{lang}", text.rstrip("\n"), fence, ""]
+
+
+def calls_markdown(meta: dict) -> list[str]:
+    """A step's tool calls for a Markdown export: each call's tool, state and arguments."""
+    out: list[str] = []
+    for c in (meta or {}).get("tool_calls") or []:
+        where = f"{c.get('server')} › {c.get('tool')}" if c.get("server") else c.get("name")
+        out += [f"**Tool call: {where}** ({c.get('state')})", ""]
+        out += _fenced(json.dumps(c.get("arguments", {}), indent=2, ensure_ascii=False), "json")
+    if (meta or {}).get("tool_note"):
+        out += [f"*{meta['tool_note']}*", ""]
+    return out
+
+
+def result_markdown(m) -> list[str]:
+    """A ``tool`` message for a Markdown export."""
+    meta = m.meta or {}
+    kind = "error" if meta.get("is_error") else "result"
+    where = f"{meta.get('server')} › {meta.get('tool') or meta.get('name')}"
+    return [f"**Tool {kind}: {where}**", ""] + _fenced(m.content)

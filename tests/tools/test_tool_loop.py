@@ -101,6 +101,14 @@ def test_allow_runs_the_call_and_the_reply_continues(qtbot, win, fake, builtin_c
     assert [c.state for c in cards(win)] == ["done"]
     assert any(isinstance(mw, ToolResultWidget) for mw in win.view.widgets.values())
     assert "<tool_call>" not in win.view.widgets[msgs[1].id].body.block_widgets()[0].text()
+    # exported with the chat
+    conv = win.conversations.current
+    md = win.conversations.export_text(conv, "md")
+    assert "**Tool call: python › python_doc** (done)" in md and '"name": "os.path.join"' in md
+    assert "**Tool result: python › python_doc**" in md and "<tool_call>" not in md
+    data = json.loads(win.conversations.export_text(conv, "json"))
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert data["messages"][1]["meta"]["tool_calls"][0]["arguments"] == {"name": "os.path.join"}
 
 
 def test_deny_tells_the_model_and_runs_nothing(qtbot, win, fake, builtin_calls):
@@ -272,3 +280,54 @@ def test_malformed_mcp_json_is_one_line_and_the_app_starts(qtbot, tmp_path, home
         dlg.close()
     finally:
         w.close()
+
+
+def test_hung_tool_times_out_and_the_reply_goes_on(qtbot, mcp_win, fake):
+    from dataclasses import replace
+    w = mcp_win
+    w.tools.manager.set_prefs(replace(w.tools.manager.prefs, timeout_s=1.0))
+    fake.scripts[:] = [call_xml("hang", seconds=30), "It took too long."]
+    send(qtbot, w, "Wait")
+    qtbot.waitUntil(lambda: pending(w) is not None)
+    pending(w).buttons["allow"].click()
+    wait_idle(qtbot, w, timeout=15000)
+    msgs = w.conversations.messages(w.conversations.current)
+    assert msgs[2].content == "The tool hang did not answer within 1 s." and msgs[2].meta["is_error"]
+    assert msgs[3].content == "It took too long."
+
+
+def test_crashed_server_shows_stderr_and_restarts_from_the_window(qtbot, mcp_win, fake):
+    w = mcp_win
+    fake.scripts[:] = [call_xml("crash"), "The server crashed."]
+    send(qtbot, w, "Crash it")
+    qtbot.waitUntil(lambda: pending(w) is not None)
+    pending(w).buttons["allow"].click()
+    wait_idle(qtbot, w)
+    msgs = w.conversations.messages(w.conversations.current)
+    assert "the test server crashed on purpose" in msgs[2].content
+    dlg = w.tools.show_dialog()
+    qtbot.waitUntil(lambda: w.tools.manager.states()["t"].status == "error")
+    dlg.server_list.setCurrentRow(1)
+    qtbot.waitUntil(lambda: "fatal: the test server crashed on purpose" in dlg.details.text())
+    dlg.restart_button.click()
+    qtbot.waitUntil(lambda: w.tools.manager.states()["t"].status == "ready", timeout=30000)
+    qtbot.waitUntil(lambda: "running" in dlg.server_list.item(1).text())
+    dlg.close()
+
+
+def test_settings_json_editor_validates_and_saves(qtbot, win, home):
+    dlg = win.tools.show_dialog()
+    dlg.editor.setPlainText('{"mcpServers": {"x": {"command": 5}}}')
+    assert not dlg.save_button.isEnabled() and "mcpServers.x" in dlg.json_status.text()
+    dlg.editor.setPlainText('{"mcpServers": {}}')
+    dlg.add_filesystem([str(home)])
+    data = json.loads(dlg.editor.toPlainText())
+    data["mcpServers"]["filesystem"]["disabled"] = True  # (not started by this test)
+    dlg.editor.setPlainText(json.dumps(data))
+    assert dlg.save_button.isEnabled()
+    dlg.save_button.click()
+    saved = json.loads((home / "config" / "mcp.json").read_text())
+    assert saved["mcpServers"]["filesystem"]["args"][-1] == str(home.resolve())
+    assert "filesystem" in win.tools.manager.specs
+    assert win.tools.manager.states()["filesystem"].status == "disabled"
+    dlg.close()
