@@ -170,3 +170,29 @@ def test_thinking_and_calls_interleave_in_a_qwen_style_template():
             '{"name": "python_doc", "arguments": {"name": "json.dumps"}}\n</tool_call><|im_end|>\n'
             "<|im_start|>user\n<tool_response>\njson.dumps(obj, ...)\n</tool_response><|im_end|>\n"
             "<|im_start|>assistant\n") in text
+
+
+def test_a_chat_without_mcp_servers_never_imports_the_sdk(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "app = QApplication([])\n"
+        "import app.chat.main_window\n"
+        "from app.db import ChatStore\n"
+        "from app.tools.manager import ToolsManager\n"
+        f"store = ChatStore({str(tmp_path / 'c.db')!r})\n"
+        "conv = store.create_conversation()\n"
+        f"m = ToolsManager(store, config_file={str(tmp_path / 'mcp.json')!r}, "
+        f"log_dir={str(tmp_path)!r})\n"
+        "m.set_chat_servers(conv, ['python'])\n"
+        "assert [s['function']['name'] for s in m.catalog_for(conv).specs()] == ['python_doc']\n"
+        "assert m.call(conv, 'c', 'python', 'python_doc', {'name': 'os.sep'}).result(10).text\n"
+        "m.shutdown()\n"
+        "print(sorted(n for n in sys.modules if n == 'mcp' or n.startswith('mcp.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
