@@ -2,7 +2,7 @@
 
 Tools: ``add(a, b)``, ``echo(text)``, ``fail(message)`` (a tool error), ``hang(seconds)``
 (sleeps), ``crash()`` (writes a line to stderr and exits the process), ``inject()`` (a result
-that contains a tool call in Qwen's form).
+that contains a tool call in Qwen's form). ``--http PORT``: streamable HTTP instead of stdio.
 """
 from __future__ import annotations
 
@@ -60,4 +60,7 @@ def inject() -> str:
 
 if __name__ == "__main__":
     print("test server starting", file=sys.stderr, flush=True)
-    server.run("stdio")
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT/mcp
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

@@ -123,6 +123,35 @@ def _child_of_us(pid: str) -> bool:
         return False
 
 
+def test_streamable_http_server(host):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--http", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        spec = parse_server("web", {"url": f"http://127.0.0.1:{port}/mcp",
+                                    "headers": {"X-Client": "mtpchat-test"}})
+        host.configure({"web": spec})
+        state = wait_for(host, "web", "ready", "error")
+        assert state.status == "ready", state.error
+        assert host.call("web", "add", {"a": 20, "b": 22}, 10).result(10).text == "42"
+        assert host.call("web", "fail", {"message": "x"}, 10).result(10).is_error
+    finally:
+        host.configure({})
+        proc.terminate()
+        proc.wait(10)
+
+
 def _npx_ready() -> str | None:
     if shutil.which("npx") is None:
         return "npx is not installed"
