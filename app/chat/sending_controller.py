@@ -173,6 +173,9 @@ class SendingController(ChatController):
         elif active is not None and not here:
             title = self.conversations.title(active.conv_id)
             hint = f"A reply is being written in “{title}”. Press Esc to stop it."
+        elif self.session.tool_holds and not held:
+            title = self.conversations.title(next(iter(self.session.tool_holds)))
+            hint = f"A reply in “{title}” waits for your answer to a tool call. Esc stops it."
         self.composer.set_state(busy=here, can_send=self.model.ready and not self.session.busy,
                                 hint=hint)
 

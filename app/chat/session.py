@@ -235,7 +235,7 @@ class ChatSession(QObject):
 
     def stop_conversation(self, conv_id: int) -> None:
         """Stop the reply being written in ``conv_id`` (if any)."""
-        if any(s.conv_id == conv_id for s in self.streams.values()):
+        if conv_id in self.tool_holds or any(s.conv_id == conv_id for s in self.streams.values()):
             self.stop()
 
     def stop(self) -> None:

@@ -23,11 +23,14 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from app.tools.builtin import SERVER
+
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_STEPS = 8
 PREFS_KEY = "tools"
 FILE_NAME = "mcp.json"
 EMPTY_CONFIG = '{\n  "mcpServers": {}\n}\n'
+RESERVED = SERVER  # the built-in tools go by this name
 _NAME = re.compile(r"^[A-Za-z0-9_.\- ]{1,64}$")
 
 
@@ -70,6 +73,9 @@ def parse_server(name: str, obj) -> ServerSpec:
     where = f"mcpServers.{name}"
     if not _NAME.match(name):
         raise ConfigError(f"{where}: a server name has 1-64 letters, digits, spaces or _.-")
+    if name == RESERVED:
+        raise ConfigError(f"{where}: \"{RESERVED}\" is the name of the built-in tools; "
+                          "choose another name")
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: expected an object with \"command\" or \"url\"")
     disabled = obj.get("disabled", False)

@@ -331,3 +331,19 @@ def test_settings_json_editor_validates_and_saves(qtbot, win, home):
     assert "filesystem" in win.tools.manager.specs
     assert win.tools.manager.states()["filesystem"].status == "disabled"
     dlg.close()
+
+
+def test_another_chat_says_a_call_waits_and_esc_stops_it(qtbot, win, fake, builtin_calls):
+    win.tools.set_server(builtin.SERVER, True)
+    fake.scripts[:] = [DOC_CALL, FINAL]
+    send(qtbot, win, "What does os.path.join do?")
+    qtbot.waitUntil(lambda: pending(win) is not None)
+    first = win.conversations.current
+    win.chats.new_chat()
+    assert win.conversations.current != first
+    assert "waits for your answer to a tool call" in win.composer.hint.text()
+    win.sending.on_escape()
+    wait_idle(qtbot, win)
+    assert builtin_calls == [] and not win.composer.hint.text()
+    assert win.conversations.message(
+        win.conversations.messages(first)[1].id).meta["tool_calls"][0]["state"] == "cancelled"

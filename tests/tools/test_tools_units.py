@@ -26,6 +26,7 @@ from app.tools.host import ServerState, ToolInfo
     ('{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}', "mcpServers.a.env"),
     ('{"mcpServers": {"a": {"url": "file:///etc/passwd"}}}', "mcpServers.a.url"),
     ('{"mcpServers": {"a/b": {"command": "x"}}}', "a server name"),
+    ('{"mcpServers": {"python": {"command": "x"}}}', "name of the built-in tools"),
 ])
 def test_malformed_config_is_one_line(text, where):
     with pytest.raises(ConfigError) as e:
