@@ -238,8 +238,7 @@ class McpHost:
             conn.task.cancel()
 
     async def _stop_all(self) -> None:
-        for name in list(self._conns):
-            await self._stop(name)
+        await asyncio.gather(*(self._stop(name) for name in list(self._conns)))
 
     def errlog(self, name: str) -> Path:
         return self.log_dir / f"mcp-{_safe(name)}.log"

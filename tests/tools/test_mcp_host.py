@@ -40,6 +40,15 @@ def server(host):
     return wait_for(host, "t", "ready", "error")
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One host and server for the tests that leave it running (a server start costs 1-5 s)."""
+    h = McpHost(log_dir=tmp_path_factory.mktemp("logs"))
+    h.configure({"t": ServerSpec("t", command=sys.executable, args=(str(SCRIPT),))})
+    yield h, wait_for(h, "t", "ready", "error")
+    h.shutdown()
+
+
 def test_nothing_starts_without_servers(host):
     host.configure({})
     assert not host.running
@@ -47,7 +56,8 @@ def test_nothing_starts_without_servers(host):
     assert not host.running and host.states()["off"].status == "disabled"
 
 
-def test_lists_and_calls_tools(host, server):
+def test_lists_and_calls_tools(shared):
+    host, server = shared
     assert server.status == "ready", server.error
     names = [t.name for t in server.tools]
     assert names[:3] == ["add", "echo", "fail"]
@@ -58,13 +68,15 @@ def test_lists_and_calls_tools(host, server):
     assert host.call("t", "echo", {"text": "é ✓"}, 10).result(10).text == "é ✓"
 
 
-def test_tool_error_is_a_result(host, server):
+def test_tool_error_is_a_result(shared):
+    host, server = shared
     result = host.call("t", "fail", {"message": "boom"}, 10).result(10)
     assert result.is_error and "fail" in result.text
     assert host.states()["t"].status == "ready"
 
 
-def test_hung_tool_times_out_and_the_server_lives_on(host, server):
+def test_hung_tool_times_out_and_the_server_lives_on(shared):
+    host, server = shared
     t0 = time.monotonic()
     result = host.call("t", "hang", {"seconds": 30}, 0.5).result(10)
     assert result.is_error and "did not answer within 0.5 s" in result.text
@@ -72,7 +84,8 @@ def test_hung_tool_times_out_and_the_server_lives_on(host, server):
     assert host.call("t", "add", {"a": 1, "b": 1}, 10).result(10).text == "2"
 
 
-def test_cancelled_call(host, server):
+def test_cancelled_call(shared):
+    host, server = shared
     fut = host.call("t", "hang", {"seconds": 30}, 60)
     time.sleep(0.3)
     assert fut.cancel() or fut.cancelled()
@@ -102,18 +115,20 @@ def test_builtin_runs_without_servers(host):
     assert not result.is_error and result.text.startswith("os.path.join(")
 
 
-def test_stop_ends_the_process(host, server):
-    out = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
-    assert out.stdout.strip()
+def test_stop_ends_the_process(host):
+    tag = "stop-test-marker"
+    host.configure({"s": ServerSpec("s", command=sys.executable, args=(str(SCRIPT), tag))})
+    assert wait_for(host, "s", "ready", "error").status == "ready"
+
+    def mine() -> list[str]:
+        out = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout
+        return [p for p in out.split() if _child_of_us(p)]
+    assert mine()
     host.configure({})
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        mine = [p for p in subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True,
-                                          text=True).stdout.split() if _child_of_us(p)]
-        if not mine:
-            return
+    while mine() and time.monotonic() < deadline:
         time.sleep(0.1)
-    raise AssertionError("the server process is still running")
+    assert not mine(), "the server process is still running"
 
 
 def _child_of_us(pid: str) -> bool:
