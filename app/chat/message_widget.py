@@ -109,6 +109,7 @@ class MessageWidget(QFrame):
         self.full_loader: Callable[[int], str] | None = None  # msg_id -> the whole text
         self.tool_decider = None  # the ToolLoop: a step's cards ask it (app.tools.cards)
         self.tool_panel: ToolCallsPanel | None = None
+        self.tool_wait = False  # its tool calls wait for the user or run (no Regenerate)
         self._streaming = False
         self._regen_wanted = False
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
@@ -251,7 +252,8 @@ class MessageWidget(QFrame):
         self.prev_button.setEnabled(edit and index > 1)
         self.next_button.setEnabled(edit and index < count)
         self._regen_wanted = regenerate_visible and self.role == "assistant"
-        self.regen_button.setVisible(self._regen_wanted and not self._streaming)
+        self.regen_button.setVisible(self._regen_wanted and not self._streaming
+                                     and not self.tool_wait)
         self.regen_button.setEnabled(regenerate)
 
     def update_content(self, content: str, meta: dict, *, final: bool,
@@ -284,17 +286,19 @@ class MessageWidget(QFrame):
             self.think.setVisible(bool(parts.think.strip()) or not parts.think_done)
         answer = visible_answer(parts.answer)  # tool-call markup shows as cards instead
         self.body.set_text(answer, final=final, spans=spans, base=parts.answer_offset)
-        calls = bool(meta.get("tool_calls") or meta.get("tool_note"))
+        writing = not final and "<tool_call>" in parts.answer  # a call is being written
+        calls = bool(meta.get("tool_calls") or meta.get("tool_note") or writing)
         self.body.setVisible(bool(answer.strip()) or (parts.think is None and not calls))
         if calls or self.tool_panel is not None:
-            self._update_tools(meta)
+            self._update_tools(meta, writing=writing)
         self._update_footer(meta, final=final)
 
-    def _update_tools(self, meta: dict) -> None:
+    def _update_tools(self, meta: dict, *, writing: bool) -> None:
         if self.tool_panel is None:
             self.tool_panel = ToolCallsPanel(self)
             self._lay.insertWidget(self._lay.indexOf(self.more_button), self.tool_panel)
-        self.tool_panel.show_calls(self.msg_id, meta, self.tool_decider)
+        self.tool_panel.show_calls(self.msg_id, meta, self.tool_decider, writing=writing)
+        self.tool_wait = self.tool_panel.waiting
 
     def _update_footer(self, meta: dict, *, final: bool) -> None:
         status = meta.get("status")
@@ -318,4 +322,4 @@ class MessageWidget(QFrame):
         self.stats_label.setVisible(bool(line))
         self._streaming = not final
         self.copy_button.setVisible(final)
-        self.regen_button.setVisible(final and self._regen_wanted)
+        self.regen_button.setVisible(final and self._regen_wanted and not self.tool_wait)

@@ -136,11 +136,15 @@ class ToolCallsPanel(QWidget):
         self.note.setWordWrap(True)
         self.note.hide()
         self._key = None
+        self.waiting = False  # a call waits for the user or runs
 
-    def show_calls(self, msg_id: int, meta: dict, decider) -> None:
+    def show_calls(self, msg_id: int, meta: dict, decider, *, writing: bool = False) -> None:
+        """``writing``: the reply is still streaming a call (shown as a line until it ends)."""
         records = meta.get("tool_calls") or []
         live = bool(decider is not None and decider.is_live(msg_id))
-        key = (json.dumps(records, sort_keys=True, default=str), live, meta.get("tool_note"))
+        self.waiting = live and any(r.get("state") in ("pending", "running") for r in records)
+        note = meta.get("tool_note") or ("Writing a tool call…" if writing and not records else "")
+        key = (json.dumps(records, sort_keys=True, default=str), live, note)
         if key == self._key:
             return
         self._key = key
@@ -154,8 +158,8 @@ class ToolCallsPanel(QWidget):
             self._lay.addWidget(card)
         self._lay.removeWidget(self.note)
         self._lay.addWidget(self.note)
-        self.note.setText(meta.get("tool_note") or "")
-        self.note.setVisible(bool(meta.get("tool_note")))
+        self.note.setText(note)
+        self.note.setVisible(bool(note))
 
 
 class ToolResultBox(Collapsible):

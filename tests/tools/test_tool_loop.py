@@ -83,6 +83,7 @@ def test_allow_runs_the_call_and_the_reply_continues(qtbot, win, fake, builtin_c
     assert "os.path.join" in card.findChildren(type(win.view.empty_text))[0].text()
     assert win.session.busy and win.composer.button.text() == "Stop"
     assert builtin_calls == []  # nothing runs before the user allows it
+    assert not any(mw.regen_button.isVisible() for mw in win.view.widgets.values())
     card.buttons["allow"].click()
     wait_idle(qtbot, win)
     assert builtin_calls == [("python_doc", {"name": "os.path.join"})]
@@ -347,3 +348,19 @@ def test_another_chat_says_a_call_waits_and_esc_stops_it(qtbot, win, fake, built
     assert builtin_calls == [] and not win.composer.hint.text()
     assert win.conversations.message(
         win.conversations.messages(first)[1].id).meta["tool_calls"][0]["state"] == "cancelled"
+
+
+def test_a_call_being_written_shows_a_line_not_markup(qtbot):
+    from app.chat.message_widget import MessageWidget
+
+    w = MessageWidget(1, "assistant")
+    qtbot.addWidget(w)
+    w.update_content("Let me check.\n\n<tool_call>\n<function=python_doc>\n<param", {},
+                     final=False)
+    assert w.tool_panel.note.text() == "Writing a tool call…"
+    assert "tool_call" not in w.body.block_widgets()[0].text()
+    w.update_content(DOC_CALL, {"tool_calls": [{"id": "c", "name": "python_doc", "server":
+                                                "python", "tool": "python_doc", "arguments":
+                                                {"name": "os.path.join"}, "state": "done"}]},
+                     final=True)
+    assert not w.tool_panel.note.text() and [c.state for c in w.tool_panel.cards] == ["done"]
