@@ -61,6 +61,7 @@ def test_lists_and_calls_tools(shared):
     assert server.status == "ready", server.error
     names = [t.name for t in server.tools]
     assert names[:3] == ["add", "echo", "fail"]
+    assert host.call("t", "header", {"name": "X-Client"}, 10).result(10).text == "(none)"
     add = server.tools[0]
     assert add.schema["properties"]["a"]["type"] == "integer"
     result = host.call("t", "add", {"a": 2, "b": 40}, 10).result(10)
@@ -161,6 +162,8 @@ def test_streamable_http_server(host):
         assert state.status == "ready", state.error
         assert host.call("web", "add", {"a": 20, "b": 22}, 10).result(10).text == "42"
         assert host.call("web", "fail", {"message": "x"}, 10).result(10).is_error
+        sent = host.call("web", "header", {"name": "X-Client"}, 10).result(10)
+        assert sent.text == "mtpchat-test", sent
     finally:
         host.configure({})
         proc.terminate()
