@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 log = logging.getLogger(__name__)
 
 
@@ -87,7 +87,35 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
     """)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1, _v1_to_v2]
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    """``tool`` messages (a tool's result in a chat with tools, ``app.tools``). SQLite cannot
+    change a CHECK constraint in place: the table is rebuilt as its documented procedure says
+    (foreign keys are off during migrations, checked before the commit), every row, id,
+    parent and the id sequence kept, so attachments and branches stay where they were."""
+    seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'messages'").fetchone()
+    _run_script(db, """
+        CREATE TABLE messages_v3 (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant', 'tool')),
+            content TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            meta TEXT NOT NULL DEFAULT '{}',
+            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE
+        );
+        INSERT INTO messages_v3 (id, conversation_id, role, content, created_at, meta, parent_id)
+            SELECT id, conversation_id, role, content, created_at, meta, parent_id FROM messages;
+        DROP TABLE messages;
+        ALTER TABLE messages_v3 RENAME TO messages;
+        CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+        CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id)
+    """)
+    if seq is not None:
+        db.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'messages'",
+                   (seq[0],))
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
 LEAF = object()  # add_message's default parent: the conversation's current leaf
 
 
@@ -193,15 +221,24 @@ class ChatStore:
 
     def _migrate(self) -> None:
         version = self.schema_version
-        for v in range(version, SCHEMA_VERSION):
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                MIGRATIONS[v](self._db)
-                self._db.execute(f"PRAGMA user_version = {v + 1}")
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        if version >= SCHEMA_VERSION:
+            return
+        # Off while tables are rebuilt (a DROP would cascade); checked before each commit.
+        self._db.execute("PRAGMA foreign_keys=OFF")
+        try:
+            for v in range(version, SCHEMA_VERSION):
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    MIGRATIONS[v](self._db)
+                    if self._db.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                        raise sqlite3.IntegrityError("a migration broke a foreign key")
+                    self._db.execute(f"PRAGMA user_version = {v + 1}")
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        finally:
+            self._db.execute("PRAGMA foreign_keys=ON")
 
     def note_problem(self, conv_id: int | None, what: str) -> None:
         """A bad value of chat ``conv_id`` (None: an app setting) was ignored: log it with the

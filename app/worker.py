@@ -94,6 +94,7 @@ class GenerationRequest:
     enable_thinking: bool | None = None
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
+    tools: tuple[dict, ...] = ()  # the chat template's tools (OpenAI's function form)
 
 
 def _default_loader(path: str) -> Any:
@@ -275,7 +276,14 @@ class Worker(QObject):
 
     # -- a chat reply, on the worker thread (called by the scheduler) ------------------------
     def _render(self, req: GenerationRequest, model: Any) -> list[int]:
-        ids = model.chat_ids(list(req.messages), enable_thinking=req.enable_thinking)
+        messages = list(req.messages)
+        if req.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            from engine.server.templates import chat_prompt_ids  # the server's tool rendering
+
+            ids = chat_prompt_ids(model, messages, tools=list(req.tools) or None,
+                                  enable_thinking=req.enable_thinking)
+        else:
+            ids = model.chat_ids(messages, enable_thinking=req.enable_thinking)
         if self._prompt_opens_think(model, ids):
             self.delta.emit(req.request_id, "<think>\n", [], [])
         return ids

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPushButton, QScroll
 from app.chat.markdown import plain_inline
 from app.chat.message_widget import MessageWidget
 from app.db import Message
+from app.tools.result_widget import ToolResultWidget
 
 MAX_COLUMN_WIDTH = 860
 
@@ -43,6 +44,7 @@ class ConversationView(QScrollArea):
         self.tint = False
         self.model_name: str | None = None
         self.full_loader = None  # msg_id -> whole text, for messages given as a preview
+        self.tool_decider = None  # the ToolLoop (its cards' Allow / Deny), see app.tools
         self.widgets: dict[int, MessageWidget] = {}
         self._rows: dict[int, QWidget] = {}  # what sits in the column for each message
         self._stick = True
@@ -163,8 +165,12 @@ class ConversationView(QScrollArea):
                     full_length: int | None = None) -> MessageWidget:
         """``full_length``: the whole message's length when ``content`` is only its start."""
         name = meta.get("model") or self.model_name
-        w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
+        if role == "tool":
+            w: MessageWidget = ToolResultWidget(msg_id, parent=self.column)
+        else:
+            w = MessageWidget(msg_id, role, model_name=name, tint=self.tint, parent=self.column)
         w.full_loader = self.full_loader
+        w.tool_decider = self.tool_decider
         w.edit_requested.connect(self.edit_requested)
         w.regenerate_requested.connect(self.regenerate_requested)
         w.branch_requested.connect(self.branch_requested)

@@ -239,7 +239,10 @@ class Conversations:
         return settings
 
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
-        self.store.set_conversation_settings(conv_id, settings.to_dict())
+        """Saves ``settings``; the chat's tool choice (``"tools"``, ``app.tools``) is kept."""
+        conv = self.get(conv_id)
+        kept = {k: v for k, v in (conv.settings if conv else {}).items() if k == "tools"}
+        self.store.set_conversation_settings(conv_id, {**settings.to_dict(), **kept})
 
     def reset_settings(self, conv_id: int) -> ChatSettings:
         self.set_settings(conv_id, self.defaults)

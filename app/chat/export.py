@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 
 from app.chat.markdown import split_think
 from app.db import Attachment, Conversation, Message
+from app.tools.history import calls_markdown, result_markdown, visible_answer
 
 EXPORT_FORMAT = "mtpchat-conversation"
 EXPORT_VERSION = 1
-_ROLE_TITLES = {"user": "User", "assistant": "Assistant", "system": "System"}
+_ROLE_TITLES = {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 
 
 Attachments = Mapping[int, Sequence[Attachment]]
@@ -69,7 +70,9 @@ def to_markdown(conv: Conversation, messages: Sequence[Message],
                 label = f"Thought for {secs:.0f} s" if isinstance(secs, (int, float)) else "Thoughts"
                 out += ["<details>", f"<summary>{label}</summary>", "", parts.think.strip(), "",
                         "</details>", ""]
-            out += [parts.answer.strip(), ""]
+            out += [visible_answer(parts.answer).strip(), ""] + calls_markdown(m.meta)
+        elif m.role == "tool":
+            out += result_markdown(m)
         else:
             out += [m.content.strip(), ""]
         for a in (attachments or {}).get(m.id, ()):

@@ -58,6 +58,7 @@ from app.loaded_model import LoadedModel
 from app.paths import db_path, default_model_path
 from app.server_control import ServerControl
 from app.server_control import install as install_server
+from app.tools.chat_button import install as install_tools
 from app.window_state import fit_to_screen, restore_geometry, save_geometry
 from app.worker import Loader, WorkerThread
 from engine import __version__ as engine_version
@@ -141,6 +142,7 @@ class MainWindow(QMainWindow):
                               on_tune=self.tune_model, store=self.store)
         self.server = ServerControl(self.worker, self.model, self.store, self)
         install_server(self, self.server)
+        self.tools = install_tools(self)
         self._help_menu_last()
         fit_to_screen(self, DEFAULT_SIZE)
         restore_geometry(self.store, "main", self)
@@ -481,6 +483,7 @@ class MainWindow(QMainWindow):
             return
         self._closed = True
         self.chats.closed = self.sending.closed = True
+        self.tools.shutdown()
         self.session.shutdown()
         self.server.shutdown()
         self.worker_thread.shutdown()

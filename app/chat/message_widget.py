@@ -19,6 +19,8 @@ from app.chat.full_text import FullTextDialog, size_text
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
 from app.chat.stats_line import format_stats, shorter_stats, stats_tooltip
 from app.elided_label import ElidedLabel
+from app.tools.cards import ToolCallsPanel
+from app.tools.history import visible_answer
 
 
 class ThinkCard(QFrame):
@@ -106,6 +108,9 @@ class MessageWidget(QFrame):
         self.full_length = 0    # the whole text's length in characters
         self.shown = ""         # what is rendered (at most PREVIEW_CHARS)
         self.full_loader: Callable[[int], str] | None = None  # msg_id -> the whole text
+        self.tool_decider = None  # the ToolLoop: a step's cards ask it (app.tools.cards)
+        self.tool_panel: ToolCallsPanel | None = None
+        self.tool_wait = False  # its tool calls wait for the user or run (no Regenerate)
         self._streaming = False
         self._regen_wanted = False
         self.setObjectName("userBubble" if role == "user" else "assistantBubble")
@@ -247,7 +252,8 @@ class MessageWidget(QFrame):
         self.prev_button.setEnabled(edit and index > 1)
         self.next_button.setEnabled(edit and index < count)
         self._regen_wanted = regenerate_visible and self.role == "assistant"
-        self.regen_button.setVisible(self._regen_wanted and not self._streaming)
+        self.regen_button.setVisible(self._regen_wanted and not self._streaming
+                                     and not self.tool_wait)
         self.regen_button.setEnabled(regenerate)
 
     def update_content(self, content: str, meta: dict, *, final: bool,
@@ -278,9 +284,21 @@ class MessageWidget(QFrame):
                                     final=final, spans=spans, base=parts.think_offset)
             # An empty, finished block (Qwen's "thinking off" form) is not worth a card.
             self.think.setVisible(bool(parts.think.strip()) or not parts.think_done)
-        self.body.set_text(parts.answer, final=final, spans=spans, base=parts.answer_offset)
-        self.body.setVisible(bool(parts.answer) or parts.think is None)
+        answer = visible_answer(parts.answer)  # tool-call markup shows as cards instead
+        self.body.set_text(answer, final=final, spans=spans, base=parts.answer_offset)
+        writing = not final and "<tool_call>" in parts.answer  # a call is being written
+        calls = bool(meta.get("tool_calls") or meta.get("tool_note") or writing)
+        self.body.setVisible(bool(answer.strip()) or (parts.think is None and not calls))
+        if calls or self.tool_panel is not None:
+            self._update_tools(meta, writing=writing)
         self._update_footer(meta, final=final)
+
+    def _update_tools(self, meta: dict, *, writing: bool) -> None:
+        if self.tool_panel is None:
+            self.tool_panel = ToolCallsPanel(self)
+            self._lay.insertWidget(self._lay.indexOf(self.more_button), self.tool_panel)
+        self.tool_panel.show_calls(self.msg_id, meta, self.tool_decider, writing=writing)
+        self.tool_wait = self.tool_panel.waiting
 
     def _update_footer(self, meta: dict, *, final: bool) -> None:
         status = meta.get("status")
@@ -307,4 +325,4 @@ class MessageWidget(QFrame):
         self.stats_label.setVisible(bool(line))
         self._streaming = not final
         self.copy_button.setVisible(final)
-        self.regen_button.setVisible(final and self._regen_wanted)
+        self.regen_button.setVisible(final and self._regen_wanted and not self.tool_wait)

@@ -163,7 +163,8 @@ class SendingController(ChatController):
     def sync_composer(self) -> None:
         """The composer's button and hint follow the model and the streaming reply."""
         active = self.session.active_stream()
-        here = active is not None and active.conv_id == self.current
+        held = self.current in self.session.tool_holds  # waiting on a tool call
+        here = held or (active is not None and active.conv_id == self.current)
         hint = ""
         if self.model.loading_path is not None:
             hint = "Loading the model…"
@@ -172,7 +173,10 @@ class SendingController(ChatController):
         elif active is not None and not here:
             title = self.conversations.title(active.conv_id)
             hint = f"A reply is being written in “{title}”. Press Esc to stop it."
-        self.composer.set_state(busy=here, can_send=self.model.ready and active is None,
+        elif self.session.tool_holds and not held:
+            title = self.conversations.title(next(iter(self.session.tool_holds)))
+            hint = f"A reply in “{title}” waits for your answer to a tool call. Esc stops it."
+        self.composer.set_state(busy=here, can_send=self.model.ready and not self.session.busy,
                                 hint=hint)
 
     @Slot()

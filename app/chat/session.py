@@ -23,16 +23,17 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.chat.attachments import with_attachments
 from app.chat.conversations import Conversations
-from app.chat.markdown import THINK_CLOSE, THINK_OPEN, strip_think
+from app.chat.markdown import THINK_CLOSE, THINK_OPEN
 from app.chat.settings import ChatSettings
 from app.loaded_model import LoadedModel
+from app.tools.history import template_message
 from app.worker import GenerationRequest, Worker
 from engine.metrics.summary import ReplySummary
 
@@ -119,7 +120,12 @@ class Stream:
 class ChatSession(QObject):
     """Signals: ``stream_updated(conv_id, msg_id)``, ``stream_finished(conv_id, msg_id, status)``,
     ``busy_changed(bool)``, ``conversations_changed()``, ``messages_changed(conv_id)``,
-    ``storage_failed(message)``, ``storage_recovered()``."""
+    ``storage_failed(message)``, ``storage_recovered()``, ``stopping()`` (Stop was pressed:
+    the tool loop cancels its pending calls).
+
+    Tools (``app.tools.loop``): ``tools_for(conv_id)`` is the chat template's tool list for a
+    reply (none by default); ``tool_holds`` are conversations whose reply waits on a tool
+    call (busy meanwhile); ``continue_reply(conv_id)`` starts the next step."""
 
     storage_failed = Signal(str)
     storage_recovered = Signal()
@@ -128,6 +134,7 @@ class ChatSession(QObject):
     busy_changed = Signal(bool)
     conversations_changed = Signal()
     messages_changed = Signal(int)
+    stopping = Signal()
 
     def __init__(self, conversations: Conversations, worker: Worker, model: LoadedModel,
                  parent: QObject | None = None) -> None:
@@ -137,6 +144,8 @@ class ChatSession(QObject):
         self.model = model
         self.streams: dict[int, Stream] = {}
         self.dropped_deltas = 0
+        self.tools_for: Callable[[int], list[dict]] = lambda conv_id: []
+        self.tool_holds: set[int] = set()
         self.closed = False
         self._timer = QTimer(self)
         self._timer.setInterval(TICK_MS)
@@ -154,7 +163,7 @@ class ChatSession(QObject):
     # -- queries -----------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return any(not s.stop_requested for s in self.streams.values())
+        return bool(self.tool_holds) or any(not s.stop_requested for s in self.streams.values())
 
     def active_stream(self) -> Stream | None:
         for s in self.streams.values():
@@ -226,10 +235,11 @@ class ChatSession(QObject):
 
     def stop_conversation(self, conv_id: int) -> None:
         """Stop the reply being written in ``conv_id`` (if any)."""
-        if any(s.conv_id == conv_id for s in self.streams.values()):
+        if conv_id in self.tool_holds or any(s.conv_id == conv_id for s in self.streams.values()):
             self.stop()
 
     def stop(self) -> None:
+        self.stopping.emit()
         for s in self.streams.values():
             if not s.stop_requested:
                 s.stop_requested = True
@@ -248,12 +258,15 @@ class ChatSession(QObject):
         for m in self.conversations.messages(conv_id):
             if m.id < start:
                 continue
-            content = strip_think(m.content) if m.role == "assistant" else m.content
-            if m.role == "assistant" and not content.strip():
-                continue
-            msgs.append({"role": m.role, "content": with_attachments(content, files.get(m.id, ()))})
+            msg = template_message(m, files.get(m.id, ()))
+            if msg is not None:
+                msgs.append(msg)
         msgs.extend(extra)
         return msgs
+
+    def continue_reply(self, conv_id: int) -> int | None:
+        """The next step of a reply that called tools (their results are saved)."""
+        return self._write_then_reply(conv_id, lambda: None)
 
     def _start_reply(self, conv_id: int) -> int:
         settings = self.settings_for(conv_id)
@@ -268,7 +281,7 @@ class ChatSession(QObject):
         req = GenerationRequest(
             request_id=rid, messages=tuple(messages), max_tokens=settings.max_tokens,
             depth=settings.depth_for(info), sampling=settings.sampling(),
-            enable_thinking=thinking)
+            enable_thinking=thinking, tools=tuple(self.tools_for(conv_id)))
         self.worker.submit(req)
         self._timer.start()
         self.messages_changed.emit(conv_id)

@@ -142,6 +142,10 @@ def stylesheet(c: Colors) -> str:
         border-top-right-radius: 8px; }}
     QTextBrowser#codeText {{ background: {c.code_bg}; border: none; }}
     QFrame#thinkCard {{ background: {c.think_bg}; border: 1px solid {c.border}; border-radius: 8px; }}
+    QFrame#toolCard {{ background: {c.think_bg}; border: 1px solid {c.border};
+        border-left: 3px solid {c.muted}; border-radius: 8px; }}
+    QFrame#toolCardPending {{ background: {c.think_bg}; border: 1px solid {c.accent};
+        border-left: 3px solid {c.accent}; border-radius: 8px; }}
     QLabel#muted, QLabel#statsLine, QLabel#roleLabel {{ color: {c.muted}; }}
     QLabel#errorText {{ color: {c.error}; }}
     QWidget#conversationCanvas {{ background: {c.window}; }}

@@ -17,6 +17,8 @@ Used by the app's tests, by ``python -m app.bench.ui`` and by the self-test when
   "tokens" of a few characters, emitted at ``tokens_per_second``; each cycle emits between one
   and ``depth + 1`` tokens, the first ones flagged as accepted drafts.
 - ``fail_after`` raises ``error`` after that many tokens; ``cancel`` is checked every cycle.
+- ``scripts``: replies to give first, one per request, before falling back to ``script`` (a
+  tool loop's steps); ``prompts`` records every rendered message list (what the template got).
 """
 from __future__ import annotations
 
@@ -89,12 +91,15 @@ class FakeModel:
     repeat_to: int | None = None       # repeat the script until this many tokens
     acceptance: float = 0.7
     calls: list[dict] = field(default_factory=list)
+    scripts: list[str] = field(default_factory=list)
+    prompts: list[list[dict]] = field(default_factory=list)
     tokenizer: None = None
     _last_thinking: bool = False
 
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
         self._last_thinking = bool(enable_thinking)
+        self.prompts.append([dict(m) for m in messages])
         rendered = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         if add_generation_prompt:
             rendered += "<|assistant|>"
@@ -102,10 +107,11 @@ class FakeModel:
 
     def _reply_tokens(self, max_tokens: int) -> list[str]:
         think = self._last_thinking if self.think is None else self.think
-        text = (THINK_SCRIPT if think else "") + self.script
+        script = self.scripts.pop(0) if self.scripts else self.script
+        text = (THINK_SCRIPT if think else "") + script
         toks = split_tokens(text)
         if self.repeat_to:
-            body = split_tokens(self.script)
+            body = split_tokens(script)
             while len(toks) < self.repeat_to:
                 toks.extend(body)
             toks = toks[: self.repeat_to]
