@@ -33,8 +33,8 @@ class ReplyParser:
 
     @property
     def thinking(self) -> bool:
-        """True while the reply is (or may still be) inside its think block."""
-        return self.think.state != "content"
+        """True while the reply is inside its think block (the think splitter's view)."""
+        return self.think.state == "reasoning"
 
     def feed(self, text: str) -> list[Part]:
         if self.tools is None:

@@ -29,7 +29,7 @@ before it):
   ``response.content_part.done``, ``response.function_call_arguments.delta`` / ``.done``) and
   ``response.output_item.done``; last ``response.completed`` (or ``response.incomplete``),
   every event numbered by ``sequence_number``. A reply that fails mid-way ends with an
-  ``error`` event.
+  ``error`` event and ``response.failed``.
 - Stored responses (``ResponseStore``) live in memory only, at most ``max_items`` and each for
   ``ttl_s`` seconds; an unknown or expired ``previous_response_id`` is a 400
   (``previous_response_not_found``).
@@ -261,8 +261,12 @@ class _Reply:
         return sse.event(kind, obj)
 
     def error_event(self, err: ApiError) -> str:
+        """A reply that failed mid-way: an ``error`` event, then ``response.failed``."""
+        out = self.response("failed")
+        out["error"] = {"code": "server_error" if err.status >= 500 else "invalid_prompt",
+                        "message": err.message}
         return self._event("error", code=err.code or "server_error", message=err.message,
-                           param=err.param)
+                           param=err.param) + self._event("response.failed", response=out)
 
     def response(self, status: str) -> dict:
         body, use = self.plan.body, self.plan.use
