@@ -9,7 +9,8 @@ Contract:
   and nothing else (``tool_choice: "required"`` or a named function, Anthropic's ``any`` /
   ``tool``): ``<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>``, the Qwen3
   JSON form ``engine.server.toolcalls`` parses, with the arguments valid against the tool's
-  parameter schema; one call, or several separated by a newline when ``parallel``.
+  parameter schema (no undeclared top-level arguments unless the schema allows them with
+  ``additionalProperties``); one call, or several separated by a newline when ``parallel``.
   ``forced_constraint(backend, tools, name, parallel=, param=)`` builds it for one reply.
 - Each is compiled on a worker thread (never the event loop or the decoding thread) within
   ``COMPILE_S``; one that cannot be compiled, is over the grammar module's size limits or
@@ -81,6 +82,9 @@ def _call_schema(tool: dict) -> dict:
         raise GenerationError(f"the parameters of tool {fn['name']!r} must be a JSON schema "
                               "object.")
     grammar.check_schema(params)
+    if "properties" in params and "additionalProperties" not in params:
+        # a tool takes only the parameters it declares (strict tool schemas say so outright)
+        params = {**params, "additionalProperties": False}
     return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False}
 
