@@ -54,6 +54,16 @@ def _doc(text: str) -> Doc:
     return Doc.model_validate_json(text)
 
 
+def test_responses_plain_text_equals_chat_completions(oai):
+    """The same prompt through both OpenAI APIs, greedy: the same text."""
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": Q}],
+                                       temperature=0, max_tokens=40)
+    r = oai.responses.create(model=MODEL, input=Q, temperature=0, max_output_tokens=40)
+    assert r.output_text == chat.choices[0].message.content and r.output_text
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
 def test_responses_text_format_json_schema_greedy_and_speculation_equal(oai):
     fmt = {"type": "json_schema", "name": "doc", "strict": True,
            "schema": Doc.model_json_schema() | {"additionalProperties": False}}
