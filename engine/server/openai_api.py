@@ -216,7 +216,7 @@ def refuse_logprobs(body: dict) -> None:
         raise bad_request("top_logprobs is not supported by this server", "top_logprobs")
 
 
-def thinking_flag(body: dict, effort=None) -> bool | None:
+def thinking_flag(body: dict, effort=None, param: str = "reasoning_effort") -> bool | None:
     """Thinking on or off: ``chat_template_kwargs.enable_thinking``, ``enable_thinking``, then
     the reasoning effort (``effort``, else ``reasoning_effort``): ``"none"`` is off, any other
     level is on; None leaves it to the template."""
@@ -229,8 +229,7 @@ def thinking_flag(body: dict, effort=None) -> bool | None:
     if effort is None:
         return None
     if effort not in EFFORTS:
-        raise bad_request(f"reasoning effort must be one of {', '.join(EFFORTS)}, not {effort!r}",
-                          "reasoning_effort")
+        raise bad_request(f"{param} must be one of {', '.join(EFFORTS)}, not {effort!r}", param)
     return effort != "none"
 
 

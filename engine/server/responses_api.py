@@ -189,7 +189,7 @@ async def _plan(request: Request, backend: Backend) -> Plan:
     if instructions is not None and not isinstance(instructions, str):
         raise bad_request("instructions must be a string", "instructions")
     reasoning = _reasoning(body)
-    thinking_flag(body, reasoning.get("effort"))  # a bad effort is a 400 before any compile
+    thinking_flag(body, reasoning.get("effort"), "reasoning.effort")  # a 400 before compiling
     return Plan(body, model, history, tool_use_of(body), reasoning.get("summary") is not None)
 
 
@@ -202,7 +202,8 @@ async def create(request: Request):
     fmt = await use.constraint(backend, "tool_choice") or \
         await constraint_of(backend, {"text.format": (body.get("text") or {}).get("format")},
                             "text.format")
-    thinking = False if fmt else thinking_flag(body, _reasoning(body).get("effort"))
+    thinking = False if fmt else thinking_flag(body, _reasoning(body).get("effort"),
+                                               "reasoning.effort")
     messages = plan.history
     if body.get("instructions"):
         messages = [{"role": "system", "content": body["instructions"]}] + messages

@@ -229,7 +229,7 @@ RESPONSES_400 = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"text": {"format": {"type": "grammar"}}}, "text.format"),
-    ({"reasoning": {"effort": "enormous"}}, "reasoning_effort"),
+    ({"reasoning": {"effort": "enormous"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image",
                                               "image_url": "http://x/y.png"}]}]}, "input"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
