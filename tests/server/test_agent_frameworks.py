@@ -47,7 +47,7 @@ def _need(name: str):
 # ---------------------------------------------------------------------- openai-agents
 
 async def _agents_run(kind: str, url: str, *, tools=(), output_type=None, stream=False,
-                      settings=None):
+                      settings=None, chain=False):
     agents = _need("agents")
     from openai import AsyncOpenAI
 
@@ -60,7 +60,9 @@ async def _agents_run(kind: str, url: str, *, tools=(), output_type=None, stream
                              output_type=output_type,
                              model_settings=agents.ModelSettings(**(settings or {})))
         if not stream:
-            return (await agents.Runner.run(agent, "Weather in Paris?")).final_output, []
+            result = await agents.Runner.run(agent, "Weather in Paris?",
+                                             auto_previous_response_id=chain)
+            return result.final_output, []
         run = agents.Runner.run_streamed(agent, "Weather in Paris?")
         deltas = [e.data.delta async for e in run.stream_events()
                   if e.type == "raw_response_event" and _is_text_delta(e.data)]
@@ -104,6 +106,25 @@ def test_openai_agents_runs_a_tool_call(served, kind, stream):
                                       stream=stream))
     assert (text, seen) == (FINAL, ["Paris"])
     assert "<tool_response>\nsunny in Paris\n</tool_response>" in model.prompts[-1]
+
+
+def test_openai_agents_chains_turns_by_previous_response_id(served, monkeypatch):
+    """``auto_previous_response_id``: the second model call sends only the tool's output and
+    the id of the first response; the server supplies the rest from its store."""
+    model, server = served
+    store = server.app.state.responses
+    looked_up: list[str] = []
+    get = store.get
+    monkeypatch.setattr(store, "get", lambda rid: looked_up.append(rid) or get(rid))
+    model.replies[:] = [CALL, FINAL]
+    seen: list[str] = []
+    text, _ = asyncio.run(_agents_run("agents-responses", server.url, chain=True,
+                                      tools=[_weather_tool(seen)]))
+    assert (text, seen) == (FINAL, ["Paris"])
+    assert len(looked_up) == 1 and looked_up[0].startswith("resp_")
+    prompt = model.prompts[-1]
+    assert "Weather in Paris?" in prompt and "<function=get_weather>" in prompt
+    assert "<tool_response>\nsunny in Paris\n</tool_response>" in prompt
 
 
 @pytest.mark.parametrize("kind", OPENAI_AGENTS)

@@ -307,3 +307,35 @@ def test_anthropic_single_tool_use_and_adaptive_thinking(served):
             tool_choice={"type": "auto", "disable_parallel_tool_use": True},
             messages=[{"role": "user", "content": "weather?"}])
     assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.stop_reason == "tool_use"
+
+
+def test_a_codex_shaped_streamed_request(served):
+    """The fields Codex CLI sends (store off, encrypted reasoning asked for, a summary, one call
+    at a time, a cache key), read raw from the SSE stream."""
+    model, server = served
+    model.replies[:] = [THINK + QWEN35]
+    body = {"model": "gpt-5-codex", "instructions": "You are a coding agent.", "stream": True,
+            "input": [{"type": "message", "role": "user",
+                       "content": [{"type": "input_text", "text": "Weather?"}]}],
+            "tools": [{**RTOOLS[0], "strict": False}], "tool_choice": "auto",
+            "parallel_tool_calls": False, "reasoning": {"effort": "medium", "summary": "auto"},
+            "store": False, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "session-1"}
+    events = []
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                assert data["type"] == name
+                events.append(data)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed" and final["store"] is False
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][0]["summary"][0]["text"] == "Check the weather."
+    assert json.loads(final["output"][2]["arguments"]) == PARIS
+    assert final["parallel_tool_calls"] is False and final["mtp"]["completion_tokens"] > 0
