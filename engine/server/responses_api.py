@@ -30,12 +30,14 @@ before it):
   ``response.output_item.done``; last ``response.completed`` (or ``response.incomplete``),
   every event numbered by ``sequence_number``. A reply that fails mid-way ends with an
   ``error`` event and ``response.failed``.
-- Stored responses (``ResponseStore``) live in memory only, at most ``max_items`` and each for
-  ``ttl_s`` seconds; an unknown or expired ``previous_response_id`` is a 400
+- Stored responses (``ResponseStore``) live in memory only, at most ``max_items`` of them and
+  ``max_chars`` of their JSON text together, each for ``ttl_s`` seconds; an unknown or expired
+  ``previous_response_id`` is a 400
   (``previous_response_not_found``).
 """
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -56,7 +58,8 @@ from engine.server.templates import chat_prompt_ids, prompt_opens_think
 from engine.server.toolcalls import schemas_of
 
 MAX_STORED = 200        # responses kept for previous_response_id ...
-STORED_TTL_S = 3600.0   # ... each for an hour at most
+STORED_TTL_S = 3600.0   # ... each for an hour at most ...
+MAX_STORED_CHARS = 32_000_000  # ... and their conversations' text, all together, at most this
 REFUSED = {"background": (None, False), "background_options": (None,), "conversation": (None,),
            "prompt": (None,), "context_management": (None, []), "moderation": (None,),
            "image": (None,), "input_transformations": (None, []), "access_programs": (None,)}
@@ -68,15 +71,18 @@ class Stored:
     messages: list[dict]   # the conversation up to and including the reply (no instructions)
     response: dict         # the response object as it was returned
     expires: float
+    chars: int             # the size it is counted at (JSON text of both)
 
 
 class ResponseStore:
-    """Finished responses by id, in memory: at most ``max_items`` (the oldest go first), each
-    for ``ttl_s`` seconds."""
+    """Finished responses by id, in memory: at most ``max_items`` and ``max_chars`` of JSON
+    text together (the oldest go first), each for ``ttl_s`` seconds."""
 
     def __init__(self, max_items: int = MAX_STORED, ttl_s: float = STORED_TTL_S,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, max_chars: int = MAX_STORED_CHARS) -> None:
         self.max_items, self.ttl_s, self.clock = max_items, ttl_s, clock
+        self.max_chars = max_chars
+        self.chars = 0
         self._items: OrderedDict[str, Stored] = OrderedDict()
 
     def __len__(self) -> int:
@@ -85,22 +91,29 @@ class ResponseStore:
 
     def put(self, rid: str, messages: list[dict], response: dict) -> None:
         self._expire()
-        self._items[rid] = Stored(messages, response, self.clock() + self.ttl_s)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        size = len(json.dumps(messages)) + len(json.dumps(response))
+        if size > self.max_chars:
+            return  # (one over the whole bound is not kept: previous_response_id then 400s)
+        self.delete(rid)
+        self._items[rid] = Stored(messages, response, self.clock() + self.ttl_s, size)
+        self.chars += size
+        while len(self._items) > self.max_items or self.chars > self.max_chars:
+            self.chars -= self._items.popitem(last=False)[1].chars
 
     def get(self, rid: str) -> Stored | None:
         self._expire()
         return self._items.get(rid)
 
     def delete(self, rid: str) -> bool:
-        self._expire()
-        return self._items.pop(rid, None) is not None
+        found = self._items.pop(rid, None)
+        if found is not None:
+            self.chars -= found.chars
+        return found is not None
 
     def _expire(self) -> None:
         now = self.clock()
         for rid in [r for r, s in self._items.items() if s.expires <= now]:
-            del self._items[rid]
+            self.delete(rid)
 
 
 # ---------------------------------------------------------------------- request

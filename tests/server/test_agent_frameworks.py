@@ -128,8 +128,8 @@ def test_openai_agents_chains_turns_by_previous_response_id(served, monkeypatch)
 
 
 @pytest.mark.parametrize("kind", OPENAI_AGENTS)
-def test_openai_agents_structured_output_with_the_demo_model(demo_server, kind):
-    out, _ = asyncio.run(_agents_run(kind, demo_server.url, output_type=Doc,
+def test_openai_agents_structured_output_with_the_demo_model(shared_demo_server, kind):
+    out, _ = asyncio.run(_agents_run(kind, shared_demo_server.url, output_type=Doc,
                                      settings={"temperature": 0, "max_tokens": 60}))
     assert isinstance(out, Doc)
 
@@ -210,13 +210,13 @@ def test_pydantic_ai_runs_a_tool_call(served, kind, stream):
 
 @pytest.mark.parametrize("mode", ["tool", "native"])
 @pytest.mark.parametrize("kind", PYDANTIC_AI)
-def test_pydantic_ai_structured_output_with_the_demo_model(demo_server, kind, mode):
+def test_pydantic_ai_structured_output_with_the_demo_model(shared_demo_server, kind, mode):
     """``tool``: pydantic-ai's default, an output tool it forces (tool_choice required / any:
     the server's forced-call grammar); ``native``: the API's own structured output."""
     _need("pydantic_ai")
     from pydantic_ai import NativeOutput
 
     output_type = Doc if mode == "tool" else NativeOutput(Doc)
-    out, _ = asyncio.run(_pydantic_run(kind, demo_server.url, output_type=output_type,
+    out, _ = asyncio.run(_pydantic_run(kind, shared_demo_server.url, output_type=output_type,
                                        settings={"temperature": 0, "max_tokens": 60}))
     assert isinstance(out, Doc)

@@ -193,7 +193,13 @@ def test_store_is_bounded_in_count_and_time():
     now[0] = 9.9
     assert store.get("r2") is not None
     now[0] = 10.0
-    assert store.get("r2") is None and len(store) == 0
+    assert store.get("r2") is None and len(store) == 0 and store.chars == 0
+    small = ResponseStore(max_chars=200)  # and in size: the oldest go first
+    for i in range(4):
+        small.put(f"r{i}", [{"role": "user", "content": "x" * 40}], {"id": f"r{i}"})
+    assert small.chars <= 200 and small.get("r3") is not None and small.get("r0") is None
+    small.put("huge", [{"role": "user", "content": "x" * 500}], {"id": "huge"})
+    assert small.get("huge") is None and small.get("r3") is not None
 
 
 def test_input_items_become_template_messages():

@@ -34,19 +34,20 @@ CTOOL = {"type": "function", "function": {k: v for k, v in RTOOL.items() if k !=
 
 
 @pytest.fixture()
-def oai(demo_server):
+def oai(shared_demo_server):
     import openai
 
-    with openai.OpenAI(base_url=demo_server.url + "/v1", api_key="unused",
+    with openai.OpenAI(base_url=shared_demo_server.url + "/v1", api_key="unused",
                        max_retries=0) as client:
         yield client
 
 
 @pytest.fixture()
-def anth(demo_server):
+def anth(shared_demo_server):
     import anthropic
 
-    with anthropic.Anthropic(base_url=demo_server.url, api_key="unused", max_retries=0) as c:
+    with anthropic.Anthropic(base_url=shared_demo_server.url, api_key="unused",
+                             max_retries=0) as c:
         yield c
 
 
