@@ -10,8 +10,9 @@ Contract (SERVER.md; otherwise what the official ``anthropic`` client expects):
   structured output (``output_config.format``, which the current SDK's ``messages.parse``
   sends, or the older top-level ``output_format``), and the ``mtp`` extension. A field that
   would change the reply but is not supported (``REFUSED``: server tools, ``container``,
-  ``mcp_servers``, ``context_management``, an ``output_config.effort`` other than the default)
-  is a 400; fields that do not change the reply (metadata, service_tier, ...) are ignored.
+  ``mcp_servers``, a ``context_management`` edit other than ``clear_thinking_20251015``,
+  which is applied, an ``output_config.effort`` other than the default) is a 400; fields
+  that do not change the reply (metadata, service_tier, ...) are ignored.
 - Any model name starting with ``claude-`` maps to the loaded model (Claude Code sends its own).
 - Streams: ``message_start`` (empty content, input usage), then per block
   ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
@@ -42,7 +43,7 @@ from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
 
 # Fields that would change the reply but are not supported: any value but these is a 400.
 # Others (metadata, service_tier, cache_control, speed, ...) leave the reply as it is.
-REFUSED = {"container": (None,), "mcp_servers": (None, []), "context_management": (None,)}
+REFUSED = {"container": (None,), "mcp_servers": (None, [])}
 CONFIG_REFUSED = {"effort": (None, "high")}  # output_config.effort: "high" is the default
 
 
@@ -143,7 +144,40 @@ def template_messages(body: dict) -> list[dict]:
             raise bad_request(f"{where}: role must be user or assistant", "messages")
         blocks = _blocks(m.get("content"), where)
         out.extend(_user(blocks, where) if role == "user" else [_assistant(blocks, where)])
+    keep = thinking_turns_kept(body)
+    if keep is not None:
+        thought = [m for m in out if m.get("reasoning_content")]
+        for m in thought[:max(0, len(thought) - keep)]:
+            del m["reasoning_content"]
     return out
+
+
+def thinking_turns_kept(body: dict) -> int | None:
+    """``context_management``: the ``clear_thinking_20251015`` edit (Claude Code sends it) is
+    applied — the thinking of all but the last ``keep`` assistant turns is left out of the
+    prompt (None: keep all); any other edit (clearing tool uses, compaction) is a 400."""
+    cm = body.get("context_management")
+    if cm is None:
+        return None
+    edits = cm.get("edits") if isinstance(cm, dict) else None
+    if not isinstance(edits, list):
+        raise bad_request("context_management must be {edits: [...]}", "context_management")
+    kept = None
+    for i, e in enumerate(edits):
+        kind = e.get("type") if isinstance(e, dict) else None
+        if kind != "clear_thinking_20251015":
+            raise bad_request(f"context_management.edits[{i}]: {kind!r} is not supported by "
+                              "this server (clear_thinking_20251015 only)", "context_management")
+        keep = e.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            continue
+        value = keep.get("value") if isinstance(keep, dict) else None
+        if not isinstance(keep, dict) or keep.get("type") != "thinking_turns" or \
+                isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad_request(f"context_management.edits[{i}].keep must be \"all\" or "
+                              "{type: thinking_turns, value: N}", "context_management")
+        kept = value if kept is None else min(kept, value)
+    return kept
 
 
 def tools_of(body: dict) -> list[dict] | None:

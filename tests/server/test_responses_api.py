@@ -279,7 +279,8 @@ def test_completions_refuse_best_of_echo_suffix(served):
 ANTHROPIC_400 = [({"container": "c1"}, "container"),
                  ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
                   "mcp_servers"),
-                 ({"context_management": {"edits": []}}, "context_management"),
+                 ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+                  "context_management"),
                  ({"output_config": {"effort": "low"}}, "output_config.effort"),
                  ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
                  ({"tool_choice": {"type": "any"}}, "tool_choice"),
@@ -298,6 +299,27 @@ def test_anthropic_refuses_what_it_would_ignore(served, extra, param):
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
     assert param.split(".")[-1] in err["error"]["message"], err
+
+
+def test_anthropic_clear_thinking_edit_is_applied():
+    """Claude Code sends context_management {clear_thinking_20251015}: older turns' thinking
+    leaves the prompt (keep N turns), or stays (keep all)."""
+    from engine.server.anthropic_api import template_messages
+
+    turn = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
+                                               "signature": ""},
+                                              {"type": "text", "text": "a"}]}]
+
+    def thoughts(keep):
+        edit = {"type": "clear_thinking_20251015"} | ({} if keep is None else {"keep": keep})
+        msgs = template_messages({"messages": turn * 3 + [{"role": "user", "content": "q"}],
+                                  "context_management": {"edits": [edit]}})
+        return [bool(m.get("reasoning_content")) for m in msgs if m["role"] == "assistant"]
+
+    assert thoughts("all") == [True, True, True]
+    assert thoughts({"type": "thinking_turns", "value": 2}) == [False, True, True]
+    assert thoughts(None) == [False, False, True]  # Anthropic's default: keep 1 turn
 
 
 def test_anthropic_single_tool_use_and_adaptive_thinking(served):
