@@ -4,8 +4,15 @@ Contract (SERVER.md; otherwise what the official ``anthropic`` client expects):
 - Parameters: ``system`` (string or text blocks), ``messages`` (text, ``thinking``,
   ``tool_use`` and ``tool_result`` blocks), ``max_tokens`` (required), ``stop_sequences``,
   ``temperature`` (0..1, default 1), ``top_p``, ``top_k``, ``stream``, ``tools`` /
-  ``tool_choice``, ``thinking`` (``{"type": "enabled"|"disabled"}``; absent: the template's
-  default), and the ``mtp`` extension. Unknown fields are ignored.
+  ``tool_choice`` (``auto``, ``none``, ``any`` and ``tool`` force a call through a grammar;
+  ``disable_parallel_tool_use``), ``thinking`` (``{"type": "enabled"|"disabled"|"adaptive"}``;
+  absent or adaptive: the template's default; ``budget_tokens`` is not enforced),
+  structured output (``output_config.format``, which the current SDK's ``messages.parse``
+  sends, or the older top-level ``output_format``), and the ``mtp`` extension. A field that
+  would change the reply but is not supported (``REFUSED``: server tools, ``container``,
+  ``mcp_servers``, a ``context_management`` edit other than ``clear_thinking_20251015``,
+  which is applied, an ``output_config.effort`` other than the default) is a 400; fields
+  that do not change the reply (metadata, service_tier, ...) are ignored.
 - Any model name starting with ``claude-`` maps to the loaded model (Claude Code sends its own).
 - Streams: ``message_start`` (empty content, input usage), then per block
   ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
@@ -25,12 +32,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.server import sse
-from engine.server.common import Backend, Generation, mtp_headers, mtp_stats, new_id
+from engine.server.common import (
+    Backend, Generation, mtp_headers, mtp_stats, new_id, refuse_fields)
+from engine.server.constraints import ToolUse, constraint_of
 from engine.server.errors import bad_request
-from engine.server.openai_api import constraint_of, gen_request, read_json
+from engine.server.openai_api import gen_request, read_json
 from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
 from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart, schemas_of
+
+# Fields that would change the reply but are not supported: any value but these is a 400.
+# Others (metadata, service_tier, cache_control, speed, ...) leave the reply as it is.
+REFUSED = {"container": (None,), "mcp_servers": (None, [])}
+CONFIG_REFUSED = {"effort": (None, "high")}  # output_config.effort: "high" is the default
 
 
 # ---------------------------------------------------------------------- request -> template
@@ -106,6 +120,9 @@ def _assistant(blocks: list[dict], where: str) -> dict:
                                   "input (object)", "messages")
             calls.append({"id": b.get("id"), "type": "function",
                           "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
+        elif kind != "redacted_thinking":  # (never written by this server: nothing to replay)
+            raise bad_request(f"{where}: {kind!r} blocks are not supported (text, thinking "
+                              "and tool_use only)", "messages")
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -127,7 +144,40 @@ def template_messages(body: dict) -> list[dict]:
             raise bad_request(f"{where}: role must be user or assistant", "messages")
         blocks = _blocks(m.get("content"), where)
         out.extend(_user(blocks, where) if role == "user" else [_assistant(blocks, where)])
+    keep = thinking_turns_kept(body)
+    if keep is not None:
+        thought = [m for m in out if m.get("reasoning_content")]
+        for m in thought[:max(0, len(thought) - keep)]:
+            del m["reasoning_content"]
     return out
+
+
+def thinking_turns_kept(body: dict) -> int | None:
+    """``context_management``: the ``clear_thinking_20251015`` edit (Claude Code sends it) is
+    applied — the thinking of all but the last ``keep`` assistant turns is left out of the
+    prompt (None: keep all); any other edit (clearing tool uses, compaction) is a 400."""
+    cm = body.get("context_management")
+    if cm is None:
+        return None
+    edits = cm.get("edits") if isinstance(cm, dict) else None
+    if not isinstance(edits, list):
+        raise bad_request("context_management must be {edits: [...]}", "context_management")
+    kept = None
+    for i, e in enumerate(edits):
+        kind = e.get("type") if isinstance(e, dict) else None
+        if kind != "clear_thinking_20251015":
+            raise bad_request(f"context_management.edits[{i}]: {kind!r} is not supported by "
+                              "this server (clear_thinking_20251015 only)", "context_management")
+        keep = e.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            continue
+        value = keep.get("value") if isinstance(keep, dict) else None
+        if not isinstance(keep, dict) or keep.get("type") != "thinking_turns" or \
+                isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad_request(f"context_management.edits[{i}].keep must be \"all\" or "
+                              "{type: thinking_turns, value: N}", "context_management")
+        kept = value if kept is None else min(kept, value)
+    return kept
 
 
 def tools_of(body: dict) -> list[dict] | None:
@@ -137,24 +187,56 @@ def tools_of(body: dict) -> list[dict] | None:
     if not isinstance(tools, list) or not all(
             isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools):
         raise bad_request("tools must be a list of {name, description, input_schema}", "tools")
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "none":
-        return None
+    for i, t in enumerate(tools):
+        if t.get("type") not in (None, "custom"):
+            raise bad_request(f"tools[{i}]: {t['type']!r} tools are not supported (client "
+                              "tools with an input_schema only)", "tools")
     return [{"type": "function", "function": {
         "name": t["name"], "description": t.get("description", ""),
         "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}}
         for t in tools]
 
 
+def tool_use_of(body: dict) -> ToolUse:
+    """``tools`` and ``tool_choice`` (``auto``, ``none``, ``any``, ``tool`` with a name;
+    ``disable_parallel_tool_use``) as a ``ToolUse``."""
+    tools, choice = tools_of(body), body.get("tool_choice")
+    if choice is None:
+        return ToolUse(tools)
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    one = choice.get("disable_parallel_tool_use") if isinstance(choice, dict) else None
+    if kind not in ("auto", "none", "any", "tool") or not isinstance(one, (bool, type(None))):
+        raise bad_request("tool_choice must be {type: auto|none|any|tool, "
+                          "disable_parallel_tool_use?: bool}", "tool_choice")
+    max_calls = 1 if one else None
+    if kind == "none":
+        return ToolUse(None)
+    if kind == "auto":
+        return ToolUse(tools, max_calls=max_calls)
+    if tools is None:
+        raise bad_request("tool_choice asks for a tool call, but no tools are offered",
+                          "tool_choice")
+    name = choice.get("name") if kind == "tool" else None
+    if kind == "tool" and not isinstance(name, str):
+        raise bad_request("tool_choice {type: tool} needs the tool's name", "tool_choice")
+    return ToolUse(tools, forced=True, name=name, max_calls=max_calls)
+
+
 def thinking_flag(body: dict) -> bool | None:
+    """``thinking``: enabled (its budget_tokens is not enforced: the reply is bounded by
+    max_tokens), disabled, or adaptive / absent (the template's default)."""
     t = body.get("thinking")
+    if t is None:
+        return None
     kind = t.get("type") if isinstance(t, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise bad_request("thinking must be {type: enabled|disabled|adaptive}", "thinking")
     return {"enabled": True, "disabled": False}.get(kind)
 
 
 async def _prepare(backend: Backend, body: dict, *, thinking_off: bool = False):
     messages = template_messages(body)
-    tools = tools_of(body)
+    tools = tool_use_of(body).tools
     thinking = False if thinking_off else thinking_flag(body)
 
     def render(m):
@@ -184,6 +266,7 @@ def _format_of(body: dict) -> tuple[dict, str]:
         return body, "output_format"
     if not isinstance(config, dict):
         raise bad_request("output_config must be an object", "output_config")
+    refuse_fields(config, CONFIG_REFUSED, prefix="output_config.")
     if config.get("format") is None:
         return body, "output_format"
     return {"output_config.format": config["format"]}, "output_config.format"
@@ -196,11 +279,15 @@ async def messages(request: Request):
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens: field required", "max_tokens")
     template_messages(body)  # a malformed request is a 400 before any schema compiles
-    fmt = await constraint_of(backend, *_format_of(body))
+    refuse_fields(body, REFUSED)
+    thinking_flag(body)
+    use, where = tool_use_of(body), _format_of(body)
+    # a forced call's grammar wins over the output format: the reply is the call
+    fmt = await use.constraint(backend, "tool_choice") or await constraint_of(backend, *where)
     ids, opened, tools = await _prepare(backend, body, thinking_off=fmt is not None)
     req = replace(gen_request(backend, body, ids, stop_key="stop_sequences", max_temperature=1.0),
                   response_format=fmt)
-    parser = ReplyParser(opened_think=opened, id_prefix="toolu_",
+    parser = ReplyParser(opened_think=opened, id_prefix="toolu_", max_calls=use.max_calls,
                          schemas=schemas_of(tools) if tools is not None else None)
     gen = Generation(backend, req)
     await gen.start(request)

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.server import anthropic_api, openai_api
+from engine.server import anthropic_api, openai_api, responses_api
 from engine.server.common import Backend
 from engine.server.errors import ApiError
 from engine.server.guard import Perimeter, PerimeterMiddleware
@@ -85,19 +85,25 @@ async def health(request: Request) -> JSONResponse:
                          "refused": {str(k): v for k, v in sorted(refused.items())}})
 
 
-def build_app(backend: Backend, perimeter: Perimeter | None = None) -> Starlette:
+def build_app(backend: Backend, perimeter: Perimeter | None = None,
+              responses: responses_api.ResponseStore | None = None) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", openai_api.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", openai_api.get_model, methods=["GET"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
         Route("/v1/messages", anthropic_api.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _on_api_error, HTTPException: _on_http_error, Exception: _on_crash})
     app.state.backend = backend
+    # finished Responses-API responses, for previous_response_id (bounded in count and time)
+    app.state.responses = responses or responses_api.ResponseStore()
     if backend.api_key:
         app.add_middleware(ApiKeyMiddleware, key=backend.api_key)
     # added last, so it runs first: preflights and refusals need no key

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -120,6 +121,25 @@ def number(body: dict, key: str, default, *, lo=None, hi=None, integer: bool = F
         span = f"{'(' if lo_open else '['}{lo}, {hi}]"
         raise bad_request(f"{key} must be in {span}, not {value}", key)
     return value
+
+
+def refuse_fields(body: dict, accepted: dict[str, tuple], prefix: str = "") -> None:
+    """A 400 for a field that would change the reply but is not supported: ``accepted`` maps
+    each such field to the values that leave the reply as it is (absent is ``None``)."""
+    for key, ok in accepted.items():
+        value = body.get(key)
+        if value not in ok:
+            shown = json.dumps(value)[:80] if _jsonable(value) else type(value).__name__
+            raise bad_request(f"{prefix}{key} = {shown} is not supported by this server (it "
+                              f"would change the reply); leave it out", prefix + key)
+
+
+def _jsonable(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def sampling_from(body: dict, *, max_temperature: float) -> SamplingParams:

@@ -6,9 +6,14 @@ Contract (SERVER.md; where it is silent, what the official ``openai`` client exp
   content), ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (default 1, like
   OpenAI), ``top_p``, ``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``,
   ``seed``, ``stop``, ``stream``, ``stream_options.include_usage``, ``tools`` /
-  ``tool_choice``, ``n`` (1 only), the ``mtp`` extension (``{"depth": "auto"|0..6}``) and a
+  ``tool_choice`` (``required`` or a named function force a call through a grammar,
+  ``engine.server.constraints``) / ``parallel_tool_calls`` (false: at most one call is
+  reported), ``n`` (1 only), the ``mtp`` extension (``{"depth": "auto"|0..6}``) and a
   thinking switch (``chat_template_kwargs.enable_thinking`` or top-level ``enable_thinking``,
-  or ``reasoning_effort: "none"``). Unknown fields are ignored. ``response_format``
+  or ``reasoning_effort``: ``"none"`` is off, another level on). A field that would change
+  the reply but is not supported (``CHAT_REFUSED``, ``COMPLETIONS_REFUSED``: audio,
+  logit_bias, verbosity, web search, legacy functions, best_of, echo, suffix) is a 400;
+  fields that do not change the reply (metadata, store, user, ...) are ignored. ``response_format``
   ``json_object`` / ``json_schema`` constrains the reply with a token mask applied to every
   drawn token, drafts included (``engine.sampling.grammar``), so it stays exact under speculation;
   thinking is off for such a request (the grammar starts at the answer). The schema is
@@ -29,7 +34,6 @@ Contract (SERVER.md; where it is silent, what the official ``openai`` client exp
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -39,12 +43,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.core.scheduler import GenRequest
-from engine.errors import GenerationError
-from engine.sampling import grammar
 from engine.server import sse
 from engine.server.common import (
-    Backend, Generation, mtp_headers, mtp_stats, new_id, number, sampling_from, seed_of,
-    stop_strings)
+    Backend, Generation, mtp_headers, mtp_stats, new_id, number, refuse_fields, sampling_from,
+    seed_of, stop_strings)
+from engine.server.constraints import ToolUse, constraint_of, max_calls_of
 from engine.server.errors import ApiError, bad_request
 from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
@@ -52,7 +55,14 @@ from engine.server.toolcalls import ToolArgs, ToolStart, schemas_of
 
 # "cancelled" never reaches these: ``Generation.events`` raises for it (see the docstring).
 FINISH = {"stop": "stop", "length": "length", None: "stop"}
-COMPILE_S = 10.0  # the most a schema may take to compile (it runs off the loop meanwhile)
+# Fields that would change the reply but are not supported: any value but these is a 400
+# (``refuse_fields``). Fields not named anywhere here are ignored (metadata, store, user, ...).
+CHAT_REFUSED = {"audio": (None,), "modalities": (None, ["text"]), "logit_bias": (None, {}),
+                "verbosity": (None, "medium"), "web_search_options": (None,),
+                "functions": (None, []), "function_call": (None, "none", "auto")}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+COMPLETIONS_REFUSED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+                       "logit_bias": (None, {})}
 
 
 class _NonFinite(ValueError):
@@ -162,52 +172,39 @@ def template_messages(messages) -> list[dict]:
 
 
 def tools_of(body: dict) -> list[dict] | None:
-    """The offered tools, or None when there are none or ``tool_choice`` is ``"none"``."""
+    """The offered tools in the template's form, or None when there are none."""
     tools = body.get("tools")
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list) or not all(
             isinstance(t, dict) and isinstance(t.get("function"), dict)
             and isinstance(t["function"].get("name"), str) for t in tools):
-        raise bad_request("tools must be a list of {type: function, function: {name, ...}}",
-                          "tools")
-    if body.get("tool_choice") == "none":
-        return None
+        raise bad_request("tools must be a list of {type: function, function: {name, ...}} "
+                          "(function tools only)", "tools")
     return [{"type": "function", "function": t["function"]} for t in tools]
 
 
-async def constraint_of(backend: Backend, body: dict,
-                        key: str = "response_format") -> grammar.Constraint | None:
-    """The request's structured output as a ``Constraint`` built for this reply (None: plain
-    text), so a bad schema is a 400 before anything runs. Anthropic's ``output_format:
-    {type: json_schema, schema}`` is accepted too. Compiled on a worker thread, bounded by
-    ``COMPILE_S``; the decoding thread then only uses it (``GenRequest.response_format``)."""
-    rf = body.get(key)
-    if rf is None or rf == {"type": "text"}:
-        return None
-    if isinstance(rf, dict) and rf.get("type") == "json_schema" and "schema" in rf \
-            and "json_schema" not in rf:
-        rf = {"type": "json_schema", "json_schema": {"schema": rf["schema"]}}
-    info = backend.info
-    try:
-        async with asyncio.timeout(COMPILE_S):
-            text = await asyncio.to_thread(grammar.compile_format, rf)  # checks, then compiles
-            if text is None:
-                return None
-            if not info.eos_token_ids:
-                raise GenerationError("Structured output needs the model's end-of-sequence "
-                                      "token.")
-            eos = int(info.eos_token_ids[0])
-            # llguidance's view of the vocab: built once, under the tokenizer's lock (cached)
-            lt = await backend.tokenize(
-                lambda m: grammar.ll_tokenizer(m.tokenizer, info.vocab_size, eos))
-            return await asyncio.to_thread(grammar.Constraint.build, lt, text,
-                                           vocab_size=info.vocab_size, eos=eos)
-    except GenerationError as exc:
-        raise ApiError(400, f"{key}: {exc}", param=key) from None
-    except TimeoutError:
-        raise ApiError(400, f"{key}: the JSON schema took over {COMPILE_S:g} s to compile; "
-                            "simplify it.", param=key) from None
+def tool_use_of(body: dict) -> ToolUse:
+    """``tools``, ``tool_choice`` (auto, none, required, or {type: function, function:
+    {name}}) and ``parallel_tool_calls`` as a ``ToolUse``."""
+    tools, choice = tools_of(body), body.get("tool_choice")
+    max_calls = max_calls_of(body.get("parallel_tool_calls"), "parallel_tool_calls")
+    if choice == "none":
+        return ToolUse(None)
+    if choice in (None, "auto"):
+        return ToolUse(tools, max_calls=max_calls)
+    if tools is None:
+        raise bad_request("tool_choice asks for a tool call, but no tools are offered",
+                          "tool_choice")
+    if choice == "required":
+        return ToolUse(tools, forced=True, max_calls=max_calls)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "function" and \
+            isinstance(fn, dict) and isinstance(fn.get("name"), str):
+        return ToolUse(tools, forced=True, name=fn["name"], max_calls=max_calls)
+    raise bad_request("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": "
+                      "\"function\", \"function\": {\"name\": ...}} (allowed_tools and custom "
+                      "tools are not supported)", "tool_choice")
 
 
 def refuse_logprobs(body: dict) -> None:
@@ -219,15 +216,21 @@ def refuse_logprobs(body: dict) -> None:
         raise bad_request("top_logprobs is not supported by this server", "top_logprobs")
 
 
-def thinking_flag(body: dict) -> bool | None:
+def thinking_flag(body: dict, effort=None, param: str = "reasoning_effort") -> bool | None:
+    """Thinking on or off: ``chat_template_kwargs.enable_thinking``, ``enable_thinking``, then
+    the reasoning effort (``effort``, else ``reasoning_effort``): ``"none"`` is off, any other
+    level is on; None leaves it to the template."""
     kw = body.get("chat_template_kwargs")
     if isinstance(kw, dict) and isinstance(kw.get("enable_thinking"), bool):
         return kw["enable_thinking"]
     if isinstance(body.get("enable_thinking"), bool):
         return body["enable_thinking"]
-    if body.get("reasoning_effort") == "none":
-        return False
-    return None
+    effort = body.get("reasoning_effort") if effort is None else effort
+    if effort is None:
+        return None
+    if effort not in EFFORTS:
+        raise bad_request(f"{param} must be one of {', '.join(EFFORTS)}, not {effort!r}", param)
+    return effort != "none"
 
 
 def gen_request(backend: Backend, body: dict, ids: list[int], *, max_key: str = "max_tokens",
@@ -275,9 +278,12 @@ async def chat_completions(request: Request):
     body = await read_json(request)
     model = backend.resolve_model(body.get("model"))
     messages = template_messages(body.get("messages"))
-    tools = tools_of(body)
+    refuse_fields(body, CHAT_REFUSED)
+    use = tool_use_of(body)
+    tools = use.tools
     refuse_logprobs(body)
-    fmt = await constraint_of(backend, body)
+    # a forced call's grammar wins over response_format: the reply is the call, not an answer
+    fmt = await use.constraint(backend, "tool_choice") or await constraint_of(backend, body)
     thinking = False if fmt else thinking_flag(body)  # the grammar starts at the answer
 
     def render(m):
@@ -286,7 +292,7 @@ async def chat_completions(request: Request):
 
     ids, opened = await backend.tokenize(render)
     req = replace(gen_request(backend, body, ids), response_format=fmt)
-    parser = ReplyParser(opened_think=opened,
+    parser = ReplyParser(opened_think=opened, max_calls=use.max_calls,
                          schemas=schemas_of(tools) if tools is not None else None)
     gen = Generation(backend, req)
     await gen.start(request)
@@ -379,6 +385,7 @@ async def completions(request: Request):
         ids = await backend.tokenize(lambda m: text_prompt_ids(m, prompt))
     else:
         raise bad_request("prompt must be a non-empty string (or a list of token ids)", "prompt")
+    refuse_fields(body, COMPLETIONS_REFUSED)
     refuse_logprobs(body)
     fmt = await constraint_of(backend, body)
     req = replace(gen_request(backend, body, ids, max_key="max_tokens"), response_format=fmt)

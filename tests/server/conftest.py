@@ -69,6 +69,18 @@ def demo_server(tmp_path_factory):
     server.close()
 
 
+@pytest.fixture(scope="session")
+def shared_demo_server(tmp_path_factory):
+    """One demo-model server for the modules that only send it requests (no signals, no
+    shutdown tests): started once, stopped at the end of the session."""
+    server = start_serve(tmp_path_factory.mktemp("shared-home"), "--max-queue", "8")
+    yield server
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait(10)
+    server.close()
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The demo model in this process, for greedy outputs to compare with."""
