@@ -101,7 +101,7 @@ def refuse_delete(row: InstalledModel) -> StoreError:
 
 # ----------------------------------------------------------------------------- import
 
-def _files(src: Path) -> list[Path]:
+def files_of(src: Path) -> list[Path]:
     """The model's files, relative to ``src`` (hidden entries skipped; symlinks followed)."""
     out = []
     for dirpath, dirs, files in os.walk(src, followlinks=False):
@@ -112,7 +112,7 @@ def _files(src: Path) -> list[Path]:
     return sorted(out)
 
 
-def _link_or_copy(src: Path, dst: Path, *, link: bool) -> bool:
+def link_or_copy(src: Path, dst: Path, *, link: bool) -> bool:
     """Hard-link ``src``'s real file at ``dst`` (True), or copy it when linking is impossible."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     real = src.resolve()
@@ -159,8 +159,8 @@ def _import_locked(src: Path, store: Store, name: str, report: dict, found: Foun
     linked = copied = 0
     files = {}
     try:
-        for rel in _files(src):
-            if _link_or_copy(src / rel, staging / rel, link=link):
+        for rel in files_of(src):
+            if link_or_copy(src / rel, staging / rel, link=link):
                 linked += 1
             else:
                 copied += 1
