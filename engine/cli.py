@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 VERBS = {
     "info": info, "generate": generate, "bench": bench, "tune": tune, "inspect": inspect,
-    "convert": convert, "pull": pull, "graft": graft, "list": list_models, "rm": rm, "catalog": catalog,
+    "convert": convert, "pull": pull, "graft": graft, "list": list_models, "rm": rm,
+    "catalog": catalog,
     "search": search,
     "train-demo": train_demo, "serve": serve,
     "verify": verify,

@@ -124,7 +124,7 @@ def find_source(target: Target, *, explicit: str | None, revision: str, token: s
             log.info("source %s (%s)", repo, why)
             return src
         except (hub.RepoNotFoundError, GraftError) as exc:
-            if explicit or (isinstance(exc, hub.RevisionNotFoundError) and revision != "main"):
+            if explicit:
                 raise
             first = first or exc
     raise first  # type: ignore[misc]
