@@ -165,25 +165,33 @@ def candidates(folder: Path, *, explicit: str | None = None, repo_id: str | None
     if explicit:
         return [(explicit, "--from")]
     raw = checkpoint.read_json(folder / "config.json", "config.json")
+    return candidates_from(raw, _local_card(folder), repo_id=repo_id, name=folder.name,
+                           token=token, remote_card=remote_card)
+
+
+def candidates_from(raw: dict, card: str, *, repo_id: str | None, name: str | None = None,
+                    token: str | None = None, remote_card: bool = True
+                    ) -> list[tuple[str, str]]:
+    """The candidates from a conversion's config.json, its model card and its names."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     found: list[tuple[str, str]] = []
     own = raw.get("mtpchat_graft") if isinstance(raw.get("mtpchat_graft"), dict) else {}
-    for name in [own.get("source")] + [raw.get("base_model")]:
-        if isinstance(name, str) and _looks_like_repo(name):
-            found.append((name, "the conversion's metadata"))
-    for name in card_base_models(_local_card(folder)):
-        found.append((name, "the model card's base_model"))
+    for base in [own.get("source")] + [raw.get("base_model")]:
+        if isinstance(base, str) and _looks_like_repo(base):
+            found.append((base, "the conversion's metadata"))
+    for base in card_base_models(card):
+        found.append((base, "the model card's base_model"))
     if not found and repo_id and remote_card:
-        for name in card_base_models(_remote_card(repo_id, token)):
-            found.append((name, f"{repo_id}'s model card"))
+        for base in card_base_models(_remote_card(repo_id, token)):
+            found.append((base, f"{repo_id}'s model card"))
     family = checkpoint.TYPE_FAMILY.get(str(raw.get("model_type")))
-    for name in official_guesses(repo_id or folder.name, text, family):
-        found.append((name, "the official Qwen repo matching its config"))
+    for guess in official_guesses(repo_id or name, text, family):
+        found.append((guess, "the official Qwen repo matching its config"))
     seen, out = set(), []
-    for name, why in found:
-        if name.casefold() not in seen and (not repo_id or name.casefold() != repo_id.casefold()):
-            seen.add(name.casefold())
-            out.append((name, why))
+    for base, why in found:
+        if base.casefold() not in seen and (not repo_id or base.casefold() != repo_id.casefold()):
+            seen.add(base.casefold())
+            out.append((base, why))
     return out
 
 
@@ -296,23 +304,44 @@ def offer_line(offer: dict) -> str:
 
 def head_offer(folder: Path, *, repo_id: str | None = None, token: str | None = None,
                online: bool = True) -> dict | None:
-    """{repo_id, bytes, commit, line} for a headless supported model, or None. Offline
-    (``online=False``) only a cached offer is returned."""
+    """The offer for a headless model folder (see :func:`offer_from`)."""
     try:
-        cands = candidates(folder, repo_id=repo_id, token=token, remote_card=online)
+        raw = checkpoint.read_json(folder / "config.json", "config.json")
     except ModelLoadError:
         return None
-    for name, _why in cands:
-        offer = cached_offer(name)
+    return offer_from(raw, _local_card(folder), repo_id=repo_id, name=folder.name, token=token,
+                      online=online)
+
+
+def repo_offer(repo_id: str, config: dict, *, token: str | None = None) -> dict | None:
+    """The offer for a headless Hub repo (its card read from the Hub)."""
+    return offer_from(config, _remote_card(repo_id, token), repo_id=repo_id, token=token,
+                      online=True)
+
+
+def offer_from(raw: dict, card: str, *, repo_id: str | None, name: str | None = None,
+               token: str | None = None, online: bool = True) -> dict | None:
+    """{repo_id, bytes, commit, line} for a headless supported model, or None.
+
+    Online, the first candidate with a head is read from the Hub (its headers: the head's
+    exact size) and remembered; offline only a remembered offer has a size, else the first
+    candidate is named without one."""
+    cands = candidates_from(raw, card, repo_id=repo_id, name=name, token=token,
+                            remote_card=online)
+    for cand, _why in cands:
+        offer = cached_offer(cand)
         if offer is None and online:
             try:
-                src = read_source(name, token=token)
+                src = read_source(cand, token=token)
             except (HubError, ModelLoadError) as exc:
-                log.info("no MTP head from %s: %s", name, exc)
+                log.info("no MTP head from %s: %s", cand, exc)
                 continue
             if not src.head_names:
                 continue
             offer = remember_offer(src)
         if offer is not None and offer.get("bytes"):
             return {**offer, "line": offer_line(offer)}
+    if cands and not online:
+        return {"repo_id": cands[0][0], "bytes": None, "commit": None,
+                "line": f"MTP head can be added from {cands[0][0]} (graft)"}
     return None

@@ -34,12 +34,12 @@ REMOVE_HINT = {
 }
 
 
-def _verdict_fields(path: Path, total_memory: int | None) -> dict:
+def _verdict_fields(path: Path, total_memory: int | None, repo_id: str | None = None) -> dict:
     """family / MTP / quantization / memory verdict from the one checkpoint reader."""
     from engine.hub.inspection import inspect_local
 
     try:
-        r = inspect_local(path)
+        r = inspect_local(path, repo_id=repo_id)
     except ModelLoadError as exc:
         return {"status": "corrupt", "problem": str(exc)}
     verdict = r["machine"]["verdict"]
@@ -49,7 +49,7 @@ def _verdict_fields(path: Path, total_memory: int | None) -> dict:
         verdict = memory_verdict(r["memory_needed_bytes"], total_memory=total_memory)["verdict"]
     fields = {"family": r["family"], "quantization": r["quantization"], "has_mtp": r["has_mtp"],
               "memory_needed_bytes": r["memory_needed_bytes"], "verdict": verdict,
-              "status": "external"}
+              "status": "external", "mtp_offer": r.get("mtp_head")}
     if not r["supported"]:
         reason = "; ".join(x for x in r["reasons"] if x.startswith(("not ", "cannot")))
         unsupported = reason.startswith("not supported")
@@ -64,7 +64,22 @@ def row_for(found: Found, *, total_memory: int | None = None) -> InstalledModel:
         revision=found.revision, read_only=True, deletable=False, location=found.kind,
         location_label=found.label, tuned_depth=read_tuned_depth(found.path),
         last_used=last_used(found.path))
-    return replace(row, **_verdict_fields(found.path, total_memory))
+    return replace(row, **_verdict_fields(found.path, total_memory, row.repo_id))
+
+
+def with_offers(rows: list[InstalledModel], *, online: bool = False) -> list[InstalledModel]:
+    """Rows of headless loadable models with where their MTP head can be grafted from
+    (remembered offers only unless ``online``)."""
+    from engine.hub.graft_source import head_offer
+
+    out = []
+    for r in rows:
+        if r.has_mtp is False and r.loadable and (r.mtp_offer is None or online and
+                                                  not r.mtp_offer.get("bytes")):
+            r = replace(r, mtp_offer=head_offer(Path(r.path), repo_id=r.repo_id, online=online)
+                        or r.mtp_offer)
+        out.append(r)
+    return out
 
 
 def external_rows(store: Store | None = None, *, found: list[Found] | None = None,
@@ -178,5 +193,5 @@ def _import_locked(src: Path, store: Store, name: str, report: dict, found: Foun
     return dest, linked, copied
 
 
-__all__ = ["MARKER_DIR", "external_rows", "find_external", "import_model", "refuse_delete",
+__all__ = ["MARKER_DIR", "external_rows", "with_offers", "find_external", "import_model", "refuse_delete",
            "row_for"]

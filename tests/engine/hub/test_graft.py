@@ -54,10 +54,10 @@ def engine_convert_acceptance(tmp_path_factory):
 @pytest.fixture
 def env(sources, conversions, tmp_path, monkeypatch):
     repos = fake_repos(sources)
-    for (repo, bits), conv in conversions.items():
-        card = CARD.format(repo=repo).encode()
-        repos[f"mlx-community/{SHORT[repo]}-{bits}bit"] = FakeRepo(
-            {"config.json": (conv / "config.json").read_bytes(), "README.md": card})
+    for (repo, bits), conv in conversions.items():  # as mlx-community uploads them
+        files = {p.name: p.read_bytes() for p in conv.iterdir() if p.is_file()}
+        files["README.md"] = CARD.format(repo=repo).encode()
+        repos[f"mlx-community/{SHORT[repo]}-{bits}bit"] = FakeRepo(files)
     with FakeHub(repos) as h:
         point_hf_at(h, monkeypatch, tmp_path)
         roots = point_at(monkeypatch, tmp_path)
@@ -234,3 +234,27 @@ def test_offline_gated_and_missing_revision_end_in_one_line(env, monkeypatch, ca
     assert rc == 2 and len(err) == 1 and "HF_HUB_OFFLINE" in err[0]
     with pytest.raises(hub.HubOfflineError):
         graft(folder, store=env["store"])
+
+
+def test_verdicts_offer_the_head_with_its_real_size(env, capsys):
+    from engine.cli import main
+    from engine.hub.inspection import inspect_local, inspect_repo
+    from engine.hub.search import HubSearch, check_all
+
+    folder, _ = place(env, DEMO_REPO, 4, "lms")
+    src = read_source(DEMO_REPO)
+    line = f"MTP head available from {DEMO_REPO}: {src.head_bytes / 1e6:.1f} MB"
+    r = inspect_repo("mlx-community/mtp-demo-4bit")
+    assert r["supported"] and not r["has_mtp"] and r["mtp_head"]["bytes"] == src.head_bytes
+    assert any(line in why for why in r["reasons"]) and "engine graft" in r["fix"]
+    assert "convert" not in r["fix"]
+    r = inspect_local(folder, offer="online")
+    assert any(line in why for why in r["reasons"]) and "engine graft" in r["fix"]
+    results = check_all(HubSearch("mtp-demo-4bit").next_page())
+    assert [x.note for x in results] == [line]
+    assert main(["list", "--models-dir", str(env["store"].root)]) == 0
+    out = capsys.readouterr().out
+    assert f"+ {line}: python -m engine graft mlx-community/mtp-demo-4bit" in out
+    assert main(["inspect", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert line in out and "fix: add the MTP head, downloading only it" in out
