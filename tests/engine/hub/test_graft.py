@@ -258,3 +258,29 @@ def test_verdicts_offer_the_head_with_its_real_size(env, capsys):
     assert main(["inspect", str(folder)]) == 0
     out = capsys.readouterr().out
     assert line in out and "fix: add the MTP head, downloading only it" in out
+
+
+def test_catalog_lists_grafts_with_the_heads_real_size_once_read(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from engine.hub.catalog import catalog_for_machine, head_bytes_estimate
+    from engine.hub.graft_source import remember_offer
+
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
+
+    def nine_b():
+        cat = catalog_for_machine(store_root=tmp_path, total_mem=64 * 2**30,
+                                  free_fn=lambda p: 10**12)
+        return next(m for m in cat["models"] if m["repo_id"] == "Qwen/Qwen3.5-9B")
+
+    g = {o["quantization"]: o for o in nine_b()["graft"]}["4bit"]
+    assert g["head_bytes"] == head_bytes_estimate("Qwen/Qwen3.5-9B") and \
+        not g["head_bytes_measured"]
+    assert g["conversion_repo"] == "mlx-community/Qwen3.5-9B-4bit"
+    assert g["download_bytes"] < 0.4 * nine_b()["quantizations"]["bf16"]["download_bytes"]
+    remember_offer(SimpleNamespace(repo_id="Qwen/Qwen3.5-9B", commit="c" * 40,
+                                   head_bytes=321_000_000, repo_bytes=19 * 10**9))
+    g = {o["quantization"]: o for o in nine_b()["graft"]}["4bit"]
+    assert g["head_bytes"] == 321_000_000 and g["head_bytes_measured"]
+    spec = nine_b()["quantizations"]["4bit"]
+    assert g["download_bytes"] == spec["converted_bytes"] + 321_000_000
