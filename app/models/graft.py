@@ -169,4 +169,4 @@ class GraftBar(QFrame):
         self._end(result_text(res), error=False)
 
     def _on_failed(self, message: str) -> None:
-        self._end(message, error=True)
+        self._end(message[:1].upper() + message[1:], error=True)

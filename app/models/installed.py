@@ -1,7 +1,8 @@
 """The model manager's "On this machine" tab: the models in MTP Chat's folder and those other
-apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.hub.local_models``), with load, tune,
-open, import and delete; the model the chat uses is shown in bold. It shows the tuner's run
-(``on_tune_progress``, ``on_tune_finished``, ``on_tune_failed``).
+apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.hub.local_models``), with
+load, tune, open, import, "Add MTP head (N MB)" (``app.models.graft``) and delete; the model
+the chat uses is shown in bold. It shows the tuner's run (``on_tune_progress``,
+``on_tune_finished``, ``on_tune_failed``).
 
 ``InstalledPanel(parent, store=, total_memory=, scan_external=)``: ``refresh()``,
 ``refresh_external()`` (rescans on the thread pool), ``set_loaded_model(info)``,
@@ -149,7 +150,7 @@ class InstalledPanel(QWidget):
         b["import"].setToolTip("Hard-links the files into MTP Chat's models folder (no extra disk "
                                "on the same drive; a copy otherwise)")
         offer = r.mtp_offer if r is not None and r.has_mtp is False and r.loadable else None
-        busy = self.graft_job is not None and self.graft_job.running
+        busy = self.graft_job is not None and self.graft_job.state == "running"
         b["graft"].setText(button_text(offer))
         b["graft"].setVisible(offer is not None)
         b["graft"].setEnabled(offer is not None and not busy)
@@ -183,7 +184,8 @@ class InstalledPanel(QWidget):
     def _graft_selected(self) -> None:
         """Add the selected model's MTP head (engine.hub.graft) on a thread of its own."""
         r = self.selected_model()
-        if not r or r.has_mtp is not False or (self.graft_job and self.graft_job.running):
+        busy = self.graft_job is not None and self.graft_job.state == "running"
+        if not r or r.has_mtp is not False or busy:
             return
         job = self.graft_job = GraftJob(r.path, store=self.store, parent=self)
         self.graft_bar.follow(job, r.name)
