@@ -34,6 +34,7 @@ from engine.errors import HubError, ModelLoadError
 from engine.hub import client as hub
 from engine.hub.client import DownloadProgress
 from engine.hub.graft_fetch import FetchCancelled, SpanFetcher, assemble, plan_spans
+from engine.hub.graft_drafter import sibling_drafter
 from engine.hub.graft_head import (HEAD_BITS, SIDECAR, grafted_config, measure_acceptance,
                                    trunk_float_dtype, write_sidecar)
 from engine.hub.graft_source import GraftError, Source, candidates, read_source, remember_offer
@@ -168,23 +169,37 @@ class Grafter:
         target = _target(self.model, self.store)
         self._emit(name=target.name, message="checking the model")
         ckpt = _check_model(target.folder)
+        drafter = self._local_drafter(target)
+        if drafter is not None:
+            return self._with_lock(target, lambda: self._from_drafter(target, ckpt, drafter, t0))
         self._emit(message="finding the head's source")
         src = find_source(target, explicit=self.explicit, revision=self.revision,
                           token=self.token, config=ckpt.config.raw)
         self._emit(repo_id=src.repo_id, message=f"checking the trunk against {src.repo_id}")
         check_bytes = check_tensors(target.folder, src, self.token)
         remember_offer(src)
+        return self._with_lock(target, lambda: self._from_hub(target, ckpt, src, check_bytes,
+                                                              t0))
+
+    def _local_drafter(self, target: Target) -> Path | None:
+        """``--from FOLDER`` (an mlx-vlm drafter), or the ``<model>-mtp`` drafter mlx-vlm's
+        ``convert --mtp`` left beside the model."""
+        if self.explicit and Path(self.explicit).expanduser().is_dir():
+            return Path(self.explicit).expanduser()
+        return None if self.explicit else sibling_drafter(target.folder)
+
+    def _with_lock(self, target: Target, fn):
         lock = self.store.try_lock(target.name)
         if lock is None:
             raise GraftError(f"{target.name} is being downloaded, converted or deleted right "
                              "now; try again when that has finished")
         try:
-            return self._locked(target, ckpt, src, check_bytes, t0)
+            return fn()
         finally:
             lock.close()
 
-    def _locked(self, target: Target, ckpt, src: Source, check_bytes: int,
-                t0: float) -> GraftResult:
+    def _from_hub(self, target: Target, ckpt, src: Source, check_bytes: int,
+                  t0: float) -> GraftResult:
         work = self.store.root / WORK_DIR / target.name
         spans = plan_spans(src)
         fetcher = SpanFetcher(src, spans, work / "spans", token=self.token, cancel=self.cancel,
@@ -194,6 +209,38 @@ class Grafter:
         paths = fetcher.run()
         self._emit(phase="converting", message=f"writing the head at {self._bits(ckpt)} bits")
         view = self._view(target, ckpt, src, work, paths, spans)
+        result = GraftResult(
+            "grafted", target.name, None, target.mode, src.repo_id, src.commit,
+            self._bits(ckpt), src.head_bytes, fetcher.fetched, fetcher.resumed,
+            src.metadata_bytes, check_bytes, src.repo_bytes,
+            sidecar_bytes=(view / SIDECAR).stat().st_size)
+        return self._calibrate_and_install(target, view, work, result, t0)
+
+    def _from_drafter(self, target: Target, ckpt, drafter: Path, t0: float) -> GraftResult:
+        from engine.hub.graft_drafter import check_drafter, write_from_drafter
+
+        self._emit(repo_id=str(drafter), message=f"checking the drafter {drafter.name}")
+        raw = check_drafter(drafter, ckpt.config.raw)
+        work = self.store.root / WORK_DIR / target.name
+        view = self._fresh_view(target, work)
+        quant = ckpt.config.quantization or {}
+        group = int(quant.get("group_size", 64))
+        self._emit(phase="converting", message=f"writing the head from {drafter.name}")
+        norms, packing = write_from_drafter(
+            drafter, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
+            dtype=trunk_float_dtype(ckpt.tensors), quant=raw.get("quantization"))
+        text = raw.get("text_config") or {}
+        write_json_atomic(view / "config.json", grafted_config(
+            ckpt.config.raw, source=str(drafter), commit=None, norms=norms, packing=packing,
+            mtp_layers=int(text.get("mtp_num_hidden_layers") or 1)))
+        head = sum(p.stat().st_size for p in drafter.glob("*.safetensors"))
+        result = GraftResult("grafted", target.name, None, target.mode, str(drafter), "",
+                             int(packing["bits"]) if packing else 16, head, 0, 0, 0, 0, 0,
+                             sidecar_bytes=(view / SIDECAR).stat().st_size)
+        return self._calibrate_and_install(target, view, work, result, t0)
+
+    def _calibrate_and_install(self, target: Target, view: Path, work: Path,
+                               result: GraftResult, t0: float) -> GraftResult:
         self._emit(phase="verifying", message="measuring acceptance on the calibration")
         try:
             acceptance, drafted = measure_acceptance(view, cancel=self.cancel)
@@ -207,16 +254,11 @@ class Grafter:
         if acceptance < self.min_acceptance:
             shutil.rmtree(view, ignore_errors=True)
             raise GraftError(
-                f"refused: the MTP head from {src.repo_id} does not fit this model (acceptance "
-                f"{acceptance:.2f} at depth 3 on the built-in calibration, under "
+                f"refused: the MTP head from {result.source} does not fit this model "
+                f"(acceptance {acceptance:.2f} at depth 3 on the built-in calibration, under "
                 f"{self.min_acceptance:.2f}); the model was left as it was")
         self._emit(phase="installing", message="installing")
-        result = GraftResult(
-            "grafted", target.name, None, target.mode, src.repo_id, src.commit,
-            self._bits(ckpt), src.head_bytes, fetcher.fetched, fetcher.resumed,
-            src.metadata_bytes, check_bytes, src.repo_bytes,
-            sidecar_bytes=(view / SIDECAR).stat().st_size, acceptance=round(acceptance, 4),
-            drafted=drafted)
+        result = replace(result, acceptance=round(acceptance, 4), drafted=drafted)
         path = self._install(target, view, result)
         shutil.rmtree(work, ignore_errors=True)
         result = replace(result, path=str(path), seconds=round(time.monotonic() - t0, 2))
@@ -233,19 +275,27 @@ class Grafter:
     def _view(self, target: Target, ckpt, src: Source, work: Path, paths, spans) -> Path:
         """The grafted model assembled in staging: links to the model's files, the sidecar,
         a new config.json. For a linked graft this is the store model to be installed."""
-        view = self.store.staging_path(target.name) if target.mode == "linked" \
-            else work / "view"
-        shutil.rmtree(view, ignore_errors=True)
-        view.mkdir(parents=True)
-        link_files(target.folder, view)
+        view = self._fresh_view(target, work)
         raw = assemble(src, spans, paths, work / "head-raw.safetensors")
         quant = ckpt.config.quantization or {}
         group = int(quant.get("group_size", 64))
         write_sidecar(raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
                       dtype=trunk_float_dtype(ckpt.tensors))
-        config = grafted_config(ckpt.config.raw, source=src, bits=self._bits(ckpt),
-                                group_size=group)
+        bits = self._bits(ckpt)
+        config = grafted_config(ckpt.config.raw, source=src.repo_id, commit=src.commit,
+                                mtp_layers=int(src.text.get("mtp_num_hidden_layers") or 1),
+                                packing={"bits": bits, "group_size": group} if bits < 16
+                                else None)
         write_json_atomic(view / "config.json", config)
+        return view
+
+    def _fresh_view(self, target: Target, work: Path) -> Path:
+        """An empty staging view holding links to the model's files (but config.json)."""
+        view = self.store.staging_path(target.name) if target.mode == "linked" \
+            else work / "view"
+        shutil.rmtree(view, ignore_errors=True)
+        view.mkdir(parents=True)
+        link_files(target.folder, view)
         return view
 
     def _install(self, target: Target, view: Path, result: GraftResult) -> Path:

@@ -68,23 +68,27 @@ def write_sidecar(raw: Path, out: Path, *, bits: int, group_size: int, dtype: st
     return out.stat().st_size
 
 
-def grafted_config(config: dict, *, source, bits: int, group_size: int) -> dict:
-    """The model's config.json declaring the sidecar (MTPLX's keys) and where it came from."""
+def grafted_config(config: dict, *, source: str, commit: str | None, mtp_layers: int,
+                   norms: str = "raw_hf_delta", packing: dict | None = None) -> dict:
+    """The model's config.json declaring the sidecar (MTPLX's keys) and where it came from.
+    ``norms``: how the sidecar stores its norms ("raw_hf_delta": zero-centred as Qwen
+    publishes them, "mlx_multiplier": 1 + w); ``packing``: its affine quantization, if any."""
     out = dict(config)
     text = out.get("text_config") if isinstance(out.get("text_config"), dict) else out
-    layers = int(source.text.get("mtp_num_hidden_layers") or 1)
     if text is out:
-        out["mtp_num_hidden_layers"] = text.get("mtp_num_hidden_layers") or layers
+        out["mtp_num_hidden_layers"] = text.get("mtp_num_hidden_layers") or mtp_layers
     else:
         out["text_config"] = {**text, "mtp_num_hidden_layers":
-                              text.get("mtp_num_hidden_layers") or layers}
+                              text.get("mtp_num_hidden_layers") or mtp_layers}
     out["mlx_lm_extra_tensors"] = {"mtp_file": SIDECAR}
-    out["mtp_norm_encoding"] = "raw_hf_delta"
+    out["mtp_norm_encoding"] = norms
     out.pop("mtplx_mtp_quantization", None)
-    if bits < 16:
-        out["mtplx_mtp_quantization"] = {"prequantized": True, "bits": bits,
-                                         "group_size": group_size, "mode": "affine"}
-    out["mtpchat_graft"] = {"source": source.repo_id, "commit": source.commit, "bits": bits}
+    if packing:
+        out["mtplx_mtp_quantization"] = {"prequantized": True, "bits": int(packing["bits"]),
+                                         "group_size": int(packing.get("group_size", 64)),
+                                         "mode": "affine"}
+    out["mtpchat_graft"] = {"source": source, "commit": commit,
+                            "bits": int(packing["bits"]) if packing else 16}
     return out
 
 
