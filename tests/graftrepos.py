@@ -44,14 +44,14 @@ def fake_repos(sources: dict[str, Path]) -> dict[str, FakeRepo]:
     return repos
 
 
-def conversion(src: Path, out: Path, *, bits: int, card: str | None = None) -> Path:
-    """``mlx_lm.convert`` of ``src`` at ``bits`` (its head dropped), into ``out``."""
+def conversion(src: Path, out: Path, *, bits: int | None, card: str | None = None) -> Path:
+    """``mlx_lm.convert`` of ``src`` at ``bits`` (None: not quantized; its head dropped)."""
     from mlx_lm import convert
 
     if not out.exists():
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        convert(str(src), str(tmp), quantize=True, q_bits=bits)
+        convert(str(src), str(tmp), quantize=bits is not None, q_bits=bits or 4)
         tmp.rename(out)
     if card:
         (out / "README.md").write_text(CARD.format(repo=card))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 
 HELP = ("add the MTP head to a Qwen3.5/3.6 MLX conversion that has none (mlx-community, "
         "LM Studio, the Hugging Face cache), downloading only the head from its source repo")
@@ -30,8 +31,6 @@ def _mb(n: int) -> str:
 
 
 def _printer(as_json: bool):
-    import time
-
     last = [0.0]
 
     def show(p) -> None:
@@ -90,9 +89,10 @@ def run(args) -> int:
     try:
         while t.is_alive():
             t.join(0.2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # cancel, then wait for the worker to stop and say so
         cancel.set()
-        t.join()
+        while "result" not in box and "error" not in box:  # (an interrupted join may lie)
+            time.sleep(0.05)
     if "error" in box:
         raise box["error"]
     res = box["result"]

@@ -179,26 +179,37 @@ def test_wrong_sources_are_refused_before_any_head_byte(env):
     assert sum(env["hub"].served_for(OTHER_REPO).values()) < 20_000  # headers + a few norms
 
 
+def _start_cli(env, folder) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "engine", "graft", str(folder), "--models-dir",
+           str(env["store"].root), "--json"]
+    e = subprocess_env(env["hub"], env["tmp"] / "home", HF_HUB_CACHE=os.environ["HF_HUB_CACHE"],
+                       LMSTUDIO_MODELS_DIR=os.environ["LMSTUDIO_MODELS_DIR"],
+                       MTPLX_MODEL_DIR=os.environ["MTPLX_MODEL_DIR"], PYTHONPATH=os.getcwd())
+    return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+
+
+def _wait_for_part(parts, more_than: int) -> int:
+    deadline = time.monotonic() + 60
+    got = 0
+    while time.monotonic() < deadline:
+        got = sum(p.stat().st_size for p in parts.glob("*.part")) if parts.is_dir() else 0
+        if got > more_than:
+            break
+        time.sleep(0.05)
+    return got
+
+
 def test_sigkill_mid_graft_then_rerun_resumes_without_refetching(env):
     folder, _ = place(env, DEMO_REPO, 4, "lms")
     hubs = env["hub"]
     hubs.chunk_size, hubs.chunk_delay_s = 16 * 1024, 0.03
-    home = env["tmp"] / "home"
-    cmd = [sys.executable, "-m", "engine", "graft", str(folder), "--models-dir",
-           str(env["store"].root), "--json"]
-    e = subprocess_env(hubs, home, HF_HUB_CACHE=os.environ["HF_HUB_CACHE"],
-                       LMSTUDIO_MODELS_DIR=os.environ["LMSTUDIO_MODELS_DIR"],
-                       MTPLX_MODEL_DIR=os.environ["MTPLX_MODEL_DIR"], PYTHONPATH=os.getcwd())
-    proc = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = env["store"].root / ".graft" / "mlx-community--mtp-demo-4bit-mtp" / "spans"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        got = sum(p.stat().st_size for p in parts.glob("*.part")) if parts.is_dir() else 0
-        if got > 500_000:
-            break
-        time.sleep(0.05)
+    proc = _start_cli(env, folder)
+    got = _wait_for_part(parts, 500_000)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
     assert got > 500_000, "the graft never started fetching"
     hubs.chunk_delay_s = 0.0
     hubs.wait_idle()
@@ -209,6 +220,56 @@ def test_sigkill_mid_graft_then_rerun_resumes_without_refetching(env):
     served = sum(hubs.served_for(DEMO_REPO).values())
     assert served <= res.head_bytes - res.resumed_bytes + res.metadata_bytes + res.check_bytes
     assert not parts.exists()  # the work folder is gone after success
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_keeps_the_part_and_exits_130(env):
+    folder, _ = place(env, DEMO_REPO, 4, "lms")
+    env["hub"].chunk_size, env["hub"].chunk_delay_s = 16 * 1024, 0.03
+    parts = env["store"].root / ".graft" / "mlx-community--mtp-demo-4bit-mtp" / "spans"
+    proc = _start_cli(env, folder)
+    assert _wait_for_part(parts, 200_000) > 200_000, "the graft never started fetching"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and '"status": "cancelled"' in out
+    assert _wait_for_part(parts, 0) > 200_000  # kept for the next run
+    env["hub"].chunk_delay_s = 0.0
+
+
+def _head_in_its_own_shard(tmp_path) -> dict[str, bytes]:
+    """The demo's repo with its head in a shard of its own (as some repos ship it)."""
+    import json
+
+    import mlx.core as mx
+
+    src = engine.default_model_path()
+    w = mx.load(str(src / "model.safetensors"))
+    files = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()
+             and p.name != "model.safetensors"}
+    parts = {"model-00001-of-00002.safetensors": {k: v for k, v in w.items()
+                                                  if not k.startswith("mtp.")},
+             "model-00002-of-00002.safetensors": {k: v for k, v in w.items()
+                                                  if k.startswith("mtp.")}}
+    index = {"metadata": {}, "weight_map": {}}
+    for name, part in parts.items():
+        mx.save_safetensors(str(tmp_path / name), part, metadata={"format": "pt"})
+        files[name] = (tmp_path / name).read_bytes()
+        index["weight_map"].update({k: name for k in part})
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    return files
+
+
+def test_a_whole_head_shard_is_checked_against_the_hubs_sha256(env, tmp_path):
+    folder, _ = place(env, DEMO_REPO, 4, "lms")
+    files = _head_in_its_own_shard(tmp_path)
+    env["hub"].repos["split/demo"] = FakeRepo(files)
+    env["hub"].repos["split/bad"] = FakeRepo(files, corrupt={
+        "model-00002-of-00002.safetensors": {"sha256": "0" * 64}})
+    with pytest.raises(hub.IntegrityError, match="does not match the sha256"):
+        graft(folder, source="split/bad", store=env["store"])
+    res = graft(folder, source="split/demo", store=env["store"])
+    assert res.status == "grafted" and res.acceptance > 0.7
+    assert sum(env["hub"].served_for("split/demo").values()) < res.head_bytes * 1.05
 
 
 def _cli(args, capsys) -> tuple[int, list[str]]:
