@@ -44,13 +44,17 @@ def _setup() -> dict:
 
     from engine.paths import default_model_path
 
+    from tests.fakehub import FakeRepo
+
     srcs = {DEMO_REPO: default_model_path(),
             DENSE_REPO: build_tiny_model(HOME / "src" / "dense", seed=3, shards=2)}
+    repos = fake_repos(srcs)
     for repo, name in ((DEMO_REPO, "mlx-community/mtp-demo-4bit"),
                        (DENSE_REPO, "mlx-community/tiny-dense-4bit")):
         out = conversion(srcs[repo], HOME / "lms" / name, bits=4)
         (out / "README.md").write_text(CARD.format(repo=repo))
-    return fake_repos(srcs)
+        repos[name] = FakeRepo({p.name: p.read_bytes() for p in out.iterdir() if p.is_file()})
+    return repos
 
 
 def main(out: Path) -> None:
@@ -91,6 +95,11 @@ def main(out: Path) -> None:
         _until(app, lambda: p.graft_job.state != "running")
         _pump(app, 0.5)
         w.grab().save(str(out / "refused.png"))
+        w.tabs.setCurrentIndex(1)  # the check before download says what a graft costs
+        w.check_repo("mlx-community/mtp-demo-4bit")
+        _until(app, lambda: "MTP head available" in w.add_panel.report_label.text())
+        _pump(app, 0.5)
+        w.grab().save(str(out / "check.png"))
         w.shutdown()
     for f in sorted(out.glob("*.png")):
         print(f, f.stat().st_size)
