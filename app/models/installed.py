@@ -169,8 +169,9 @@ class InstalledPanel(QWidget):
         def scan() -> tuple[list, dict]:
             from engine.hub.local_models import with_offers
 
-            own = with_offers(store.list(include_incomplete=False), online=True)
-            return (with_offers(external_rows(store, total_memory=mem), online=True),
+            own = with_offers(store.list(include_incomplete=False), online=True, store=store)
+            return (with_offers(external_rows(store, total_memory=mem), online=True,
+                                store=store),
                     {r.path: r.mtp_offer for r in own if r.mtp_offer})
         self._relays.append(run_in_pool(
             scan, on_done=self._on_external,

@@ -42,7 +42,7 @@ def run(args) -> int:
         rows += external_rows(store)
     from engine.hub.local_models import with_offers
 
-    rows = with_offers(rows)
+    rows = with_offers(rows, store=store)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return 0

@@ -67,15 +67,35 @@ def row_for(found: Found, *, total_memory: int | None = None) -> InstalledModel:
     return replace(row, **_verdict_fields(found.path, total_memory, row.repo_id))
 
 
-def with_offers(rows: list[InstalledModel], *, online: bool = False) -> list[InstalledModel]:
+def grafted_originals(store: Store | None = None) -> set[str]:
+    """The folders (resolved) whose grafted copy is in the store (``graft`` records them)."""
+    store = store or Store()
+    out = set()
+    if not store.root.is_dir():
+        return out
+    for child in store.root.iterdir():
+        if child.name.startswith(".") or not child.is_dir():
+            continue
+        graft = (store.installed_marker(child) or {}).get("graft")
+        if isinstance(graft, dict) and isinstance(graft.get("original"), str):
+            out.add(str(Path(graft["original"]).resolve()))
+    return out
+
+
+def with_offers(rows: list[InstalledModel], *, online: bool = False,
+                store: Store | None = None) -> list[InstalledModel]:
     """Rows of headless loadable models with where their MTP head can be grafted from
-    (remembered offers only unless ``online``)."""
+    (remembered offers only unless ``online``); none for a model whose grafted copy is
+    already in the store."""
     from engine.hub.graft_source import head_offer
 
+    done = grafted_originals(store)
     out = []
     for r in rows:
-        if r.has_mtp is False and r.loadable and (r.mtp_offer is None or online and
-                                                  not r.mtp_offer.get("bytes")):
+        if str(Path(r.path).resolve()) in done:
+            r = replace(r, mtp_offer=None)
+        elif r.has_mtp is False and r.loadable and (r.mtp_offer is None or online and
+                                                    not r.mtp_offer.get("bytes")):
             r = replace(r, mtp_offer=head_offer(Path(r.path), repo_id=r.repo_id, online=online)
                         or r.mtp_offer)
         out.append(r)

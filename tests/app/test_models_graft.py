@@ -84,6 +84,8 @@ def test_add_mtp_head_offers_runs_and_reports_acceptance(qtbot, manager):
     assert tree_hashes(roots["lmstudio"]) == before
     b = _select(w, "mlx-community--mtp-demo-4bit-mtp")
     assert not b.isVisible()  # it has its head now
+    qtbot.waitUntil(lambda: not _select(w, "mlx-community/mtp-demo-4bit").isVisible(),
+                    timeout=30_000)  # and the original is not offered again: its copy has it
 
 
 def test_a_head_that_does_not_fit_is_refused_in_one_line(qtbot, manager):
