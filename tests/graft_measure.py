@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -63,5 +64,53 @@ def main(out: Path) -> None:
             print(json.dumps(row), flush=True)
 
 
+
+
+def paired_speed(plain: Path, grafted: Path, *, depths=(1, 2, 3), rounds: int = 9,
+                 max_tokens: int = 64) -> dict:
+    """Decode tok/s of the headless conversion (depth 0) and the grafted model (depth 0 and
+    each depth), loaded in one process and measured round by round in a rotating order, so
+    the load of a shared machine hits every cell alike; medians and per-round ratios."""
+    import statistics
+
+    import engine
+    from engine.hub.graft_head import CALIBRATION
+    from engine.types import SamplingParams
+
+    models = {"plain": engine.load(plain), "grafted": engine.load(grafted)}
+    cells = [("plain", 0), ("grafted", 0)] + [("grafted", d) for d in depths]
+    prompts = {k: [m.chat_ids([{"role": "user", "content": p}], enable_thinking=False)
+                   for p in CALIBRATION] for k, m in models.items()}
+
+    def run(name: str, depth: int) -> float:
+        m, n, t = models[name], 0, 0.0
+        for ids in prompts[name]:
+            t0 = None
+            for e in m.generate(ids, max_tokens=max_tokens, depth=depth,
+                                sampling=SamplingParams(temperature=0.0)):
+                if t0 is None:
+                    t0 = time.perf_counter()  # from the first token: decode only
+                    continue
+                n += len(e.token_ids)
+            t += time.perf_counter() - t0
+        return n / t
+
+    for c in cells:  # warm up
+        run(*c)
+    speeds: dict = {c: [] for c in cells}
+    for r in range(rounds):
+        order = cells[r % len(cells):] + cells[:r % len(cells)]
+        for c in order:
+            speeds[c].append(run(*c))
+    ratio = {f"{n}@{d}": statistics.median(s / p for s, p in zip(speeds[(n, d)],
+                                                                 speeds[("plain", 0)]))
+             for n, d in cells}
+    return {"tok_s": {f"{n}@{d}": round(statistics.median(v), 1) for (n, d), v in speeds.items()},
+            "vs_plain": {k: round(v, 3) for k, v in ratio.items()}, "rounds": rounds}
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/graft-measure"))
+    if len(sys.argv) > 3 and sys.argv[1] == "--speed":  # --speed PLAIN GRAFTED
+        print(json.dumps(paired_speed(Path(sys.argv[2]), Path(sys.argv[3]))), flush=True)
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/graft-measure"))
