@@ -167,5 +167,70 @@ def check_tensors(folder: Path, source: Source, token: str | None) -> int:
             raise GraftError(f"refused: the trunk is not {source.repo_id}'s ({mine} differs "
                              f"from {theirs}, max |difference| {delta:.3g}); the head was not "
                              "fetched")
+    fetched += check_embedding_rows(folder, local, source, token)
     log.info("trunk matches %s on %d tensors", source.repo_id, len(todo))
     return fetched
+
+
+EMBED = "language_model.model.embed_tokens"
+
+
+def _row(path: Path, meta: dict, row: int) -> bytes:
+    """Row ``row`` of a local 2-D tensor, read from the file."""
+    import struct
+
+    width = (meta["data_offsets"][1] - meta["data_offsets"][0]) // meta["shape"][0]
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(8 + n + meta["data_offsets"][0] + row * width)
+        return fh.read(width)
+
+
+def check_embedding_rows(folder: Path, local: dict, source: Source, token: str | None) -> int:
+    """Quantized conversions: two rows of the embedding, dequantized, must agree with the
+    source's rows within the quantization's error (at most one step of the row's scale).
+    Returns the bytes fetched; skipped when the embedding is not affine-quantized here."""
+    import mlx.core as mx
+
+    from engine.models.checkpoint import read_config
+
+    quant = read_config(folder).quantization or {}
+    theirs = next((p + "embed_tokens.weight" for p in SOURCE_PREFIXES
+                   if p + "embed_tokens.weight" in source.tensor_file), None)
+    parts = [local.get(f"{EMBED}.{k}") for k in ("weight", "scales", "biases")]
+    if theirs is None or None in parts or quant.get("mode", "affine") != "affine":
+        return 0
+    smeta = source.meta(theirs)
+    vocab, hidden = smeta["shape"]
+    bits, group = int(quant.get("bits", 4)), int(quant.get("group_size", 64))
+    shard = source.shards[source.tensor_file[theirs]]
+    per_row = (smeta["data_offsets"][1] - smeta["data_offsets"][0]) // vocab
+    fetched = 0
+    for row in (1, vocab // 2):
+        from engine.hub import client as hub
+
+        start = shard.header_len + smeta["data_offsets"][0] + row * per_row
+        data = hub.fetch_bytes(source.repo_id, shard.path, revision=source.commit, token=token,
+                               byte_range=(start, start + per_row - 1))
+        fetched += len(data)
+        there = _decode(data, smeta["dtype"], [1, hidden]).astype(mx.float32)
+        w, sc, b = (_decode_any(_row(p, m, row), m) for p, m in parts)
+        here = mx.dequantize(w, sc, b, group_size=group, bits=bits).astype(mx.float32)
+        step = mx.repeat(mx.abs(sc.astype(mx.float32)), group, axis=-1)
+        worst = float(mx.max(mx.abs(here - there) - step))
+        if here.shape != there.shape or worst > 1e-6:
+            raise GraftError(f"refused: the trunk is not {source.repo_id}'s (row {row} of "
+                             "embed_tokens differs beyond the quantization's error); the head "
+                             "was not fetched")
+    return fetched
+
+
+def _decode_any(data: bytes, meta: dict):
+    """One row of a local tensor (packed uint32 weights, or float scales / biases)."""
+    import mlx.core as mx
+    import numpy as np
+
+    width = meta["shape"][1]
+    if meta["dtype"] == "U32":
+        return mx.array(np.frombuffer(data, dtype="<u4").reshape(1, width))
+    return _decode(data, meta["dtype"], [1, width])

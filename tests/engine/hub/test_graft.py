@@ -345,3 +345,24 @@ def test_catalog_lists_grafts_with_the_heads_real_size_once_read(tmp_path, monke
     assert g["head_bytes"] == 321_000_000 and g["head_bytes_measured"]
     spec = nine_b()["quantizations"]["4bit"]
     assert g["download_bytes"] == spec["converted_bytes"] + 321_000_000
+
+
+def test_a_trunk_with_other_embeddings_but_the_same_norms_is_refused(env, tmp_path):
+    """Norms alone do not prove it: the quantized embedding's rows, dequantized, must agree
+    with the source's within the quantization's error."""
+    import mlx.core as mx
+
+    folder, _ = place(env, DEMO_REPO, 4, "lms")
+    src = engine.default_model_path()
+    w = mx.load(str(src / "model.safetensors"))
+    name = "model.language_model.embed_tokens.weight"
+    w[name] = w[name] + mx.where(mx.arange(w[name].shape[0])[:, None] == 1, 0.5, 0.0)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), w, metadata={"format": "pt"})
+    files = {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()}
+    files["model.safetensors"] = (tmp_path / "model.safetensors").read_bytes()
+    env["hub"].repos["other/demo-finetune"] = FakeRepo(files)
+    spans = head_ranges(env, "other/demo-finetune")
+    with pytest.raises(GraftError, match=r"row 1 of embed_tokens differs beyond the "
+                                         r"quantization's error"):
+        graft(folder, source="other/demo-finetune", store=env["store"])
+    assert fetched_head_bytes(env, "other/demo-finetune", spans) == 0
