@@ -16,14 +16,15 @@ import json
 import logging
 import sys
 
-from engine.commands import (bench, catalog, convert, generate, info, inspect, list_models, pull,
-                             rm, search, serve, train_demo, tune, verify)
+from engine.commands import (bench, catalog, convert, generate, graft, info, inspect, list_models,
+                             pull, rm, search, serve, train_demo, tune, verify)
 
 log = logging.getLogger(__name__)
 
 VERBS = {
     "info": info, "generate": generate, "bench": bench, "tune": tune, "inspect": inspect,
-    "convert": convert, "pull": pull, "list": list_models, "rm": rm, "catalog": catalog,
+    "convert": convert, "pull": pull, "graft": graft, "list": list_models, "rm": rm,
+    "catalog": catalog,
     "search": search,
     "train-demo": train_demo, "serve": serve,
     "verify": verify,

@@ -113,3 +113,63 @@ def write_mtplx_pack(src: Path, out: Path, *, prequantized: bool = False, bits: 
          "mtp_norm_layout": "raw_hf_delta"}))
     shutil.rmtree(tmp)
     return out
+
+
+def write_mlxvlm_drafter(src: Path, out: Path, *, bits: int | None = None,
+                         group_size: int = 64) -> Path:
+    """What mlx-vlm's ``split_mtp`` (``MTPSplitter.split`` with ``Qwen3_5MTPSplitter``) writes
+    from a raw Qwen3.5 checkpoint: ``model.safetensors`` with the ``mtp.`` prefix dropped, the
+    zero-centred norms shifted (+1, ``Qwen3_5MTPDraftModel.sanitize``), fused experts split into
+    ``switch_mlp`` (per-expert ones kept), quantized with ``bits`` (every ``*.weight`` matrix but
+    the router ``mlp.gate``), ``config.json`` with ``model_type: qwen3_5_mtp`` and the source's
+    ``text_config``, and the tokenizer files."""
+    import mlx.core as mx
+
+    norms = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight",
+             ".k_norm.weight", "norm.weight", "pre_fc_norm_embedding.weight",
+             "pre_fc_norm_hidden.weight")
+    weights = {}
+    for key, value in _raw_mtp(src).items():
+        key = key[len("mtp."):]
+        if key.endswith(norms) and value.ndim == 1:
+            value = value + 1.0
+        weights[key] = value
+    config = json.loads((src / "config.json").read_text())
+    text = config.get("text_config", config)
+    draft = {"model_type": "qwen3_5_mtp", "text_config": text,
+             "block_size": int(text.get("mtp_num_hidden_layers", 1)) + 2,
+             "tie_word_embeddings": bool(text.get("tie_word_embeddings", True))}
+    if bits:
+        for key in [k for k in weights if k.endswith(".weight") and
+                    not k.endswith("mlp.gate.weight")]:
+            v = weights[key]
+            if v.ndim >= 2 and v.shape[-1] % group_size == 0:
+                w, s, b = mx.quantize(v, group_size=group_size, bits=bits)
+                base = key[: -len(".weight")]
+                weights.update({key: w, f"{base}.scales": s, f"{base}.biases": b})
+        draft["quantization"] = draft["quantization_config"] = {
+            "group_size": group_size, "bits": bits, "mode": "affine"}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(dict(sorted(draft.items())), indent=2))
+    for n in ("tokenizer.json", "tokenizer_config.json"):
+        if (src / n).is_file():
+            shutil.copy2(src / n, out / n)
+    return out
+
+
+def write_mlx_with_head(src: Path, out: Path) -> Path:
+    """An MLX conversion that keeps the head (mlx-vlm's MLX-source case, this engine's own
+    ``convert``): ``language_model.model.*`` trunk with shifted norms, ``mtp.*`` beside it with
+    shifted norms, ``vision_tower.*`` kept, all in one ``format: mlx`` file."""
+    import mlx.core as mx
+
+    import engine
+
+    m = engine.load(src)
+    weights = {**_flat(m.trunk), **_flat(m.mtp, "mtp.")}
+    weights["vision_tower.patch_embed.proj.weight"] = mx.zeros((8, 3))
+    _copy_tokenizer(src, out)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return out

@@ -1,7 +1,8 @@
 """The model manager's "On this machine" tab: the models in MTP Chat's folder and those other
-apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.hub.local_models``), with load, tune,
-open, import and delete; the model the chat uses is shown in bold. It shows the tuner's run
-(``on_tune_progress``, ``on_tune_finished``, ``on_tune_failed``).
+apps downloaded (the Hugging Face cache, LM Studio, MTPLX: ``engine.hub.local_models``), with
+load, tune, open, import, "Add MTP head (N MB)" (``app.models.graft``) and delete; the model
+the chat uses is shown in bold. It shows the tuner's run (``on_tune_progress``,
+``on_tune_finished``, ``on_tune_failed``).
 
 ``InstalledPanel(parent, store=, total_memory=, scan_external=)``: ``refresh()``,
 ``refresh_external()`` (rescans on the thread pool), ``set_loaded_model(info)``,
@@ -21,6 +22,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QMessageBox,
                                QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.models.graft import GraftBar, GraftJob, button_text
 from app.models.jobs import run_in_pool
 from app.models.panels import ask_yes_no, fmt_bytes, model_table
 from engine.errors import EngineError
@@ -47,6 +49,8 @@ class InstalledPanel(QWidget):
         self.installed: list = []
         self.loaded_path: str | None = None
         self._relays: list = []
+        self._offers: dict[str, dict] = {}  # store models' MTP head offers, read online
+        self.graft_job: GraftJob | None = None
         lay = QVBoxLayout(self)
         top = QHBoxLayout()
         self.folder_label = QLabel("", self)
@@ -60,6 +64,8 @@ class InstalledPanel(QWidget):
         top.addWidget(refresh)
         lay.addLayout(top)
         lay.addWidget(self._build_table(), 1)
+        self.graft_bar = GraftBar(self)
+        lay.addWidget(self.graft_bar)
         lay.addLayout(self._build_actions())
 
     def _build_table(self) -> QTableWidget:
@@ -76,6 +82,7 @@ class InstalledPanel(QWidget):
                                 ("tune", "Tune", self._tune_selected),
                                 ("open", "Open folder", self._open_selected),
                                 ("import", "Import into MTP Chat", self._import_selected),
+                                ("graft", "Add MTP head", self._graft_selected),
                                 ("delete", "Delete…", self._delete_selected)):
             b = QPushButton(text, self)
             b.clicked.connect(slot)
@@ -92,7 +99,11 @@ class InstalledPanel(QWidget):
 
     def refresh(self) -> None:
         self.folder_label.setText(f"Models folder: {self.store.root}")
-        rows = [r for r in self.store.list() if r.status != "incomplete"] + self.external
+        from dataclasses import replace
+
+        own = [replace(r, mtp_offer=self._offers.get(r.path) or r.mtp_offer)
+               for r in self.store.list() if r.status != "incomplete"]
+        rows = own + self.external
         self.installed = rows
         t = self.installed_table
         t.setRowCount(len(rows))
@@ -138,6 +149,13 @@ class InstalledPanel(QWidget):
         b["import"].setEnabled(bool(r and r.external and r.loadable))
         b["import"].setToolTip("Hard-links the files into MTP Chat's models folder (no extra disk "
                                "on the same drive; a copy otherwise)")
+        offer = r.mtp_offer if r is not None and r.has_mtp is False and r.loadable else None
+        busy = self.graft_job is not None and self.graft_job.state == "running"
+        b["graft"].setText(button_text(offer))
+        b["graft"].setVisible(offer is not None)
+        b["graft"].setEnabled(offer is not None and not busy)
+        b["graft"].setToolTip(f"{offer['line']}: downloads only the head and measures it before "
+                              "adding it; the model's own files are not changed" if offer else "")
 
     def refresh_external(self) -> None:
         """Rescan the Hugging Face cache, LM Studio and MTPLX folders (on the thread pool)."""
@@ -147,14 +165,35 @@ class InstalledPanel(QWidget):
         from engine.hub.local_models import external_rows
 
         store, mem = self.store, self._total_memory
+
+        def scan() -> tuple[list, dict]:
+            from engine.hub.local_models import with_offers
+
+            own = with_offers(store.list(include_incomplete=False), online=True, store=store)
+            return (with_offers(external_rows(store, total_memory=mem), online=True,
+                                store=store),
+                    {r.path: r.mtp_offer for r in own if r.mtp_offer})
         self._relays.append(run_in_pool(
-            lambda: external_rows(store, total_memory=mem), on_done=self._on_external,
+            scan, on_done=self._on_external,
             on_error=lambda msg: log.warning("scanning for models failed: %s", msg),
             parent=self))
 
-    def _on_external(self, rows: list) -> None:
-        self.external = rows
+    def _on_external(self, found: tuple[list, dict]) -> None:
+        self.external, self._offers = found
         self.refresh()
+
+    def _graft_selected(self) -> None:
+        """Add the selected model's MTP head (engine.hub.graft) on a thread of its own."""
+        r = self.selected_model()
+        busy = self.graft_job is not None and self.graft_job.state == "running"
+        if not r or r.has_mtp is not False or busy:
+            return
+        job = self.graft_job = GraftJob(r.path, store=self.store, parent=self)
+        self.graft_bar.follow(job, r.name)
+        job.finished.connect(lambda _res: self.refresh_external())
+        job.failed.connect(lambda _msg: self._update_buttons())
+        job.start()
+        self._update_buttons()
 
     def _import_selected(self) -> None:
         r = self.selected_model()
@@ -174,6 +213,12 @@ class InstalledPanel(QWidget):
         how = f"{linked} file(s) hard-linked" + (f", {copied} copied" if copied else "")
         self.tune_status.setText(f"Imported as {dest.name} ({how})")
         self.refresh()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Cancel a graft in progress (what it fetched is kept for the next try)."""
+        if self.graft_job is not None:
+            self.graft_job.cancel()
+            self.graft_job.wait(timeout)
 
     def _load_selected(self) -> None:
         r = self.selected_model()

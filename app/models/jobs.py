@@ -145,3 +145,7 @@ def _emit(signal, *args) -> None:
         signal.emit(*args)
     except RuntimeError:  # the window was deleted while the thread ran
         pass
+
+
+emit_safely = _emit      # for other model-manager jobs (app.models.graft)
+describe_error = _message

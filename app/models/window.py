@@ -135,8 +135,9 @@ class ModelsWindow(QMainWindow):
         self.tabs.setTabText(DOWNLOADS_TAB, f"Downloads ({active})" if active else "Downloads")
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop every download (what was fetched is kept for the next start)."""
+        """Stop every download and graft (what was fetched is kept for the next start)."""
         self.downloads.shutdown(timeout)
+        self.installed_panel.shutdown(timeout)
 
     # ================================================================== the models folder
     def _change_folder(self) -> None:

@@ -28,5 +28,10 @@ def run(args) -> int:
         print(f"{e['repo_id'][:24]:24} {e['verdict']:18} {e['best_quantization'] or '-':5} "
               f"{best.get('download_bytes', 0) / 1e9:7.1f}GB {best.get('memory_bytes', 0) / 2**30:6.1f}G"
               f"  {e['pull_command']}")
+        for g in e.get("graft") or []:
+            est = "" if g["head_bytes_measured"] else " (estimated)"
+            print(f"  or {g['conversion_repo']} + its MTP head{est}: "
+                  f"{g['download_bytes'] / 1e9:.1f} GB download "
+                  f"(head {g['head_bytes'] / 1e9:.2f} GB), {g['verdict']}: {g['command']}")
     print("\nSizes are estimates; `python -m engine inspect REPO` reads the exact ones.")
     return 0

@@ -58,7 +58,7 @@ def run(args) -> int:
 
     local = _local_folder(args.target)
     if local is not None:
-        report = inspect_local(local)
+        report = inspect_local(local, offer="online")
     else:
         from engine.hub.catalog import warning_for
         from engine.hub.client import parse_repo_ref

@@ -40,6 +40,9 @@ def run(args) -> int:
         from engine.hub.local_models import external_rows
 
         rows += external_rows(store)
+    from engine.hub.local_models import with_offers
+
+    rows = with_offers(rows, store=store)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return 0
@@ -51,4 +54,6 @@ def run(args) -> int:
             print(f"  @ {r.path} (used in place; `rm` never deletes it)")
         if r.problem:
             print(f"  ! {r.problem}")
+        if r.mtp_offer:
+            print(f"  + {r.mtp_offer['line']}: python -m engine graft {r.name}")
     return 0

@@ -149,6 +149,58 @@ def evaluate(entry: dict, *, total_mem: int, free: int, machine: dict | None = N
             "pull_command": _pull_command(entry, best)}
 
 
+# hidden, FFN, query heads, KV heads of the dense models (MTP_SPEC §1; head_dim 256): the MTP
+# head's size follows (fc [H, 2H], one gated full-attention layer, its MLP, five norms).
+HEAD_SHAPES = {"0.8B": (1024, 3584, 8, 2), "2B": (2048, 6144, 8, 2), "4B": (2560, 9216, 16, 4),
+               "9B": (4096, 12288, 16, 4), "27B": (5120, 17408, 24, 4)}
+GRAFT_QUANTS = ("8bit", "4bit")
+
+
+def head_bytes_estimate(repo_id: str) -> int | None:
+    """The bf16 MTP head of an official dense repo, from its published shape (None if unknown)."""
+    import re
+
+    m = re.search(r"-([0-9.]+B)$", repo_id)
+    shape = HEAD_SHAPES.get(m.group(1)) if m else None
+    if shape is None:
+        return None
+    h, ffn, q, kv = shape
+    d = 256
+    params = 2 * h * h + (2 * q * d) * h + 2 * (kv * d) * h + h * (q * d) + 3 * h * ffn
+    params += 5 * h + 2 * d
+    return 2 * params
+
+
+def graft_options(entry: dict, *, total_mem: int, free: int, machine: dict | None) -> list[dict]:
+    """The mlx-community conversion plus only its MTP head (``engine graft``): what it
+    downloads — the head's real size once an offer was read from the Hub's headers, else the
+    estimate from the published shape."""
+    from engine.hub.graft_source import cached_offer
+
+    repo = entry["repo_id"]
+    offer = cached_offer(repo)
+    head = int(offer["bytes"]) if offer and offer.get("bytes") else head_bytes_estimate(repo)
+    if not head:
+        return []
+    out = []
+    for q in GRAFT_QUANTS:
+        spec = (entry.get("quantizations") or {}).get(q) or {}
+        conv = int(spec.get("converted_bytes") or 0)
+        if not conv:
+            continue
+        conv_repo = f"mlx-community/{repo.split('/', 1)[1]}-{q}"
+        memory = int(spec["memory_bytes"]) + head // 2  # the head kept at 8 bits
+        v = verdict(memory_bytes=memory, disk_bytes=conv + head, total_mem=total_mem, free=free,
+                    active_bytes=int(conv * active_fraction(entry)), machine=machine)
+        out.append({"quantization": q, "conversion_repo": conv_repo, "head_from": repo,
+                    "download_bytes": conv + head, "head_bytes": head,
+                    "head_bytes_measured": bool(offer and offer.get("bytes")),
+                    "memory_bytes": memory, "verdict": v,
+                    "command": f"python -m engine pull {conv_repo} && "
+                               f"python -m engine graft {conv_repo}"})
+    return out
+
+
 def _pull_command(entry: dict, best: dict | None) -> str:
     cmd = f"python -m engine pull {entry['repo_id']}"
     if best and best.get("needs_conversion"):
@@ -185,7 +237,8 @@ def catalog_for_machine(*, store_root: str | Path | None = None,
                     "name": (figures or {}).get("name") or platform_name(),
                     "bandwidth_bytes_per_s": (figures or {}).get("bandwidth_bytes_per_s")},
         "notes": data.get("notes", []),
-        "models": [evaluate(e, total_mem=mem, free=free, machine=figures)
+        "models": [{**evaluate(e, total_mem=mem, free=free, machine=figures),
+                    "graft": graft_options(e, total_mem=mem, free=free, machine=figures)}
                    for e in data["models"]],
         "without_mtp": data.get("without_mtp", []),
     }

@@ -30,7 +30,7 @@ RUNTIME_OVERHEAD = 512 * 2**20
 CONVERT_HINT = "convert from the official Qwen repo: python -m engine pull {repo} --convert --bits 4"
 
 __all__ = ["analyse", "inspect_local", "inspect_repo", "machine_verdict", "memory_needed",
-           "needed_file", "parse_header", "read_header"]
+           "needed_file", "parse_header", "read_header", "with_offer"]
 
 
 def _int(d: dict, key: str, default: int = 0) -> int:
@@ -137,6 +137,21 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
     }
 
 
+def with_offer(report: dict, offer: dict | None, *, target: str, pulled: bool = True) -> dict:
+    """``report`` for a headless model whose MTP head can be grafted from ``offer``'s repo
+    (``engine.hub.graft_source.offer_from``): says so with the head's size, and the fix is
+    ``graft`` instead of converting the whole official checkpoint."""
+    if offer is None or not report["supported"] or report["has_mtp"]:
+        return report
+    reasons = [r for r in report["reasons"] if not r.startswith("no mtp.* tensors")]
+    reasons.append(f"no mtp.* tensors (the conversion dropped its MTP head); {offer['line']}")
+    cmd = f"python -m engine graft {target}"
+    if not pulled:
+        cmd = f"python -m engine pull {target} && {cmd}"
+    return {**report, "reasons": reasons, "mtp_head": offer,
+            "fix": f"add the MTP head, downloading only it: {cmd}"}
+
+
 def _official_repo_guess(repo_id: str | None, config: dict) -> str:
     """Qwen/Qwen3.5-4B for mlx-community/Qwen3.5-4B-4bit; a placeholder when unsure."""
     import re
@@ -171,12 +186,26 @@ def active_bytes(tensors: dict | None, text: dict, weight_bytes: int) -> int:
 
 # ----------------------------------------------------------------------------- local
 
-def inspect_local(path: str | Path) -> dict:
+def inspect_local(path: str | Path, *, offer: str | None = "cached",
+                  repo_id: str | None = None) -> dict:
     """Inspect a model folder on disk (config.json + every shard header, bounded reads).
 
     Raises ModelLoadError only when there is nothing to report on (no folder, no readable
     config.json); every other problem makes the report say ``supported: false`` and why.
+    ``offer``: for a headless model, look up where its MTP head can be grafted from —
+    "online" (reads the source's headers), "cached" (what an earlier look-up found; no
+    network), or None (don't).
     """
+    report = _inspect_local(Path(path))
+    if offer and report["supported"] and not report["has_mtp"]:
+        from engine.hub.graft_source import head_offer
+
+        found = head_offer(Path(path), repo_id=repo_id, online=offer == "online")
+        report = with_offer(report, found, target=repo_id or str(path))
+    return report
+
+
+def _inspect_local(path: Path) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"{path} is not a folder")
@@ -248,7 +277,8 @@ def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None)
     return tensors, [e for _, e in results if e is not None]
 
 
-def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = None) -> dict:
+def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = None,
+                 offer: bool = True) -> dict:
     """Inspect a Hub repo without downloading weights: file list, config.json, index, headers."""
     from engine.hub import client as hub
 
@@ -277,6 +307,11 @@ def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = No
                      problems=problems)
     report.update(revision=revision, commit=listing.commit,
                   download_bytes=sum(f.size for f in listing.files if needed_file(f.path)))
+    if offer and report["supported"] and not report["has_mtp"]:
+        from engine.hub.graft_source import repo_offer
+
+        report = with_offer(report, repo_offer(repo_id, config, token=token), target=repo_id,
+                            pulled=False)
     return report
 
 

@@ -34,12 +34,12 @@ REMOVE_HINT = {
 }
 
 
-def _verdict_fields(path: Path, total_memory: int | None) -> dict:
+def _verdict_fields(path: Path, total_memory: int | None, repo_id: str | None = None) -> dict:
     """family / MTP / quantization / memory verdict from the one checkpoint reader."""
     from engine.hub.inspection import inspect_local
 
     try:
-        r = inspect_local(path)
+        r = inspect_local(path, repo_id=repo_id)
     except ModelLoadError as exc:
         return {"status": "corrupt", "problem": str(exc)}
     verdict = r["machine"]["verdict"]
@@ -49,7 +49,7 @@ def _verdict_fields(path: Path, total_memory: int | None) -> dict:
         verdict = memory_verdict(r["memory_needed_bytes"], total_memory=total_memory)["verdict"]
     fields = {"family": r["family"], "quantization": r["quantization"], "has_mtp": r["has_mtp"],
               "memory_needed_bytes": r["memory_needed_bytes"], "verdict": verdict,
-              "status": "external"}
+              "status": "external", "mtp_offer": r.get("mtp_head")}
     if not r["supported"]:
         reason = "; ".join(x for x in r["reasons"] if x.startswith(("not ", "cannot")))
         unsupported = reason.startswith("not supported")
@@ -64,7 +64,42 @@ def row_for(found: Found, *, total_memory: int | None = None) -> InstalledModel:
         revision=found.revision, read_only=True, deletable=False, location=found.kind,
         location_label=found.label, tuned_depth=read_tuned_depth(found.path),
         last_used=last_used(found.path))
-    return replace(row, **_verdict_fields(found.path, total_memory))
+    return replace(row, **_verdict_fields(found.path, total_memory, row.repo_id))
+
+
+def grafted_originals(store: Store | None = None) -> set[str]:
+    """The folders (resolved) whose grafted copy is in the store (``graft`` records them)."""
+    store = store or Store()
+    out = set()
+    if not store.root.is_dir():
+        return out
+    for child in store.root.iterdir():
+        if child.name.startswith(".") or not child.is_dir():
+            continue
+        graft = (store.installed_marker(child) or {}).get("graft")
+        if isinstance(graft, dict) and isinstance(graft.get("original"), str):
+            out.add(str(Path(graft["original"]).resolve()))
+    return out
+
+
+def with_offers(rows: list[InstalledModel], *, online: bool = False,
+                store: Store | None = None) -> list[InstalledModel]:
+    """Rows of headless loadable models with where their MTP head can be grafted from
+    (remembered offers only unless ``online``); none for a model whose grafted copy is
+    already in the store."""
+    from engine.hub.graft_source import head_offer
+
+    done = grafted_originals(store)
+    out = []
+    for r in rows:
+        if str(Path(r.path).resolve()) in done:
+            r = replace(r, mtp_offer=None)
+        elif r.has_mtp is False and r.loadable and (r.mtp_offer is None or online and
+                                                    not r.mtp_offer.get("bytes")):
+            r = replace(r, mtp_offer=head_offer(Path(r.path), repo_id=r.repo_id, online=online)
+                        or r.mtp_offer)
+        out.append(r)
+    return out
 
 
 def external_rows(store: Store | None = None, *, found: list[Found] | None = None,
@@ -101,7 +136,7 @@ def refuse_delete(row: InstalledModel) -> StoreError:
 
 # ----------------------------------------------------------------------------- import
 
-def _files(src: Path) -> list[Path]:
+def files_of(src: Path) -> list[Path]:
     """The model's files, relative to ``src`` (hidden entries skipped; symlinks followed)."""
     out = []
     for dirpath, dirs, files in os.walk(src, followlinks=False):
@@ -112,7 +147,7 @@ def _files(src: Path) -> list[Path]:
     return sorted(out)
 
 
-def _link_or_copy(src: Path, dst: Path, *, link: bool) -> bool:
+def link_or_copy(src: Path, dst: Path, *, link: bool) -> bool:
     """Hard-link ``src``'s real file at ``dst`` (True), or copy it when linking is impossible."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     real = src.resolve()
@@ -159,8 +194,8 @@ def _import_locked(src: Path, store: Store, name: str, report: dict, found: Foun
     linked = copied = 0
     files = {}
     try:
-        for rel in _files(src):
-            if _link_or_copy(src / rel, staging / rel, link=link):
+        for rel in files_of(src):
+            if link_or_copy(src / rel, staging / rel, link=link):
                 linked += 1
             else:
                 copied += 1
@@ -178,5 +213,5 @@ def _import_locked(src: Path, store: Store, name: str, report: dict, found: Foun
     return dest, linked, copied
 
 
-__all__ = ["MARKER_DIR", "external_rows", "find_external", "import_model", "refuse_delete",
+__all__ = ["MARKER_DIR", "external_rows", "with_offers", "find_external", "import_model", "refuse_delete",
            "row_for"]

@@ -50,6 +50,7 @@ class SearchResult:
     download_bytes: int | None = None
     verdict: str | None = None
     note: str | None = None
+    mtp_offer: dict | None = None  # headless: where its MTP head can be grafted from
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -163,7 +164,9 @@ def check(result: SearchResult, *, token: str | None = None,
     return replace(result, has_mtp=r["has_mtp"], supported=r["supported"],
                    quantization=r["quantization"], memory_needed_bytes=r["memory_needed_bytes"],
                    download_bytes=r.get("download_bytes"), verdict=verdict,
-                   note=None if r["supported"] else "; ".join(r["reasons"]))
+                   mtp_offer=r.get("mtp_head"),
+                   note=(r["mtp_head"]["line"] if r.get("mtp_head") else None)
+                   if r["supported"] else "; ".join(r["reasons"]))
 
 
 def check_all(results: list[SearchResult], *, token: str | None = None,

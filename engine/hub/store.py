@@ -200,6 +200,7 @@ class InstalledModel:
     location_label: str = "MTP Chat"
     memory_needed_bytes: int | None = None
     verdict: str | None = None
+    mtp_offer: dict | None = None  # headless: where its MTP head can be grafted from (graft)
 
     @property
     def loadable(self) -> bool:
