@@ -50,6 +50,7 @@ class Cluster:
         self.counts: Counter[str] = Counter()
         self.control: Counter[str] = Counter()
         self.on_stall: Callable[[str, float], None] | None = None
+        self.on_broken: Callable[[BaseException], None] | None = None
         self._watching: tuple[str, float] | None = None
         self._stalled = False
         self._watchdog: threading.Thread | None = None
@@ -132,6 +133,12 @@ class Cluster:
                 "config.json, safetensors headers or tokenizer); copy the same model folder "
                 "to the same path on every host")
 
+    def barrier(self, what: str) -> None:
+        """Wait (without the watchdog: loading a shard takes what it takes) until every rank
+        is here."""
+        self.control[what] += 1
+        mx.eval(mx.distributed.all_sum(mx.array([1], dtype=mx.int32), group=self.group))
+
     # -- the watchdog ---------------------------------------------------------------------------
     @contextmanager
     def watch(self, what: str) -> Iterator[None]:
@@ -142,7 +149,10 @@ class Cluster:
         try:
             yield
         except RuntimeError as exc:
-            raise self.fail(exc) from exc
+            err = self.fail(exc)
+            if self.on_broken is not None:
+                self.on_broken(err)
+            raise err from exc
         finally:
             self._watching = None
 

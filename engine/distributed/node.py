@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 import time
 
 from engine.distributed.cluster import Cluster
@@ -27,14 +28,23 @@ log = logging.getLogger(__name__)
 
 def start(args) -> tuple[Cluster, object]:
     """Join the cluster and load this rank's shard of ``args.model``."""
+    cluster = join(args)
+    return cluster, load_shard(cluster, args)
+
+
+def join(args) -> Cluster:
+    """``mx.distributed.init`` through ``Cluster.join``, with the command's options."""
+    return Cluster.join(mode=args.split or "tensor", timeout_s=args.step_timeout,
+                        backend=args.backend or "any")
+
+
+def load_shard(cluster: Cluster, args):
+    """Check the model is the same on every rank, then load this rank's shard of it."""
     from engine import default_model_path, load
     from engine.hub.store import resolve_model
     from engine.models import device
     from engine.models.checkpoint import read_checkpoint
 
-    mode = args.split or "tensor"
-    cluster = Cluster.join(mode=mode, timeout_s=args.step_timeout,
-                           backend=args.backend or "any")
     device.set_branch("metal")
     folder = resolve_model(args.model or default_model_path())
     ckpt = read_checkpoint(folder)
@@ -42,14 +52,15 @@ def start(args) -> tuple[Cluster, object]:
     cluster.check_same(fingerprint(folder, list(ckpt.shards)))
 
     def prepare(built, ck) -> None:
-        shard(built.trunk, cluster.group, mode, ck.config.text)
+        shard(built.trunk, cluster.group, cluster.mode, ck.config.text)
 
     model = load(folder, dtype=args.dtype, prepare=prepare)
+    cluster.barrier("loaded")  # rank 0 serves once every rank holds its shard
     if cluster.rank == 0:
         model.decoder_factory = functools.partial(_leader, cluster)
-    log.info("rank %d of %d: %s shard of %s loaded", cluster.rank, cluster.size, mode,
-             folder.name)
-    return cluster, model
+    log.info("rank %d of %d: %s shard of %s loaded", cluster.rank, cluster.size,
+             cluster.mode, folder.name)
+    return model
 
 
 def _leader(cluster, model, *, max_streams: int, carryover=None, use_mtp: bool = True):
@@ -93,6 +104,16 @@ def _exit_on_stall(cluster, before=None):
 def exit_on_stall(cluster, before=None):
     """``cluster.on_stall`` for rank 0: ``before(error)`` (fail the requests), then exit."""
     return _exit_on_stall(cluster, before)
+
+
+def exit_when_broken(cluster, grace_s: float = 1.0) -> None:
+    """Rank 0 serving: once a collective failed (another rank died), the requests it held
+    end with that error (the scheduler's), and the process exits ``grace_s`` later: a
+    cluster with a rank gone cannot run another forward."""
+    def broken(err) -> None:
+        print(f"error: rank 0: {err}", file=sys.stderr, flush=True)
+        threading.Timer(grace_s, _exit, args=(3,)).start()
+    cluster.on_broken = broken
 
 
 def _exit(code: int) -> None:
