@@ -203,7 +203,7 @@ def _run_cluster(args) -> int:
         return launch.run_launcher(args.argv, args)
     cluster, model = node.start(args)
     if cluster.rank != 0:
-        return node.run_follower(cluster, model)
+        return node.run_follower(cluster, model, args)
     cluster.on_stall = node.exit_on_stall(cluster)
     depth = parse_depth(args.depth)
     dec = LeaderDecoder(cluster, model, max_streams=1,

@@ -142,7 +142,7 @@ def run(args) -> int:
             return launch.run_launcher(args.argv, args)
         cluster = node.join(args)
         if cluster.rank != 0:
-            return node.run_follower(cluster, node.load_shard(cluster, args))
+            return node.run_follower(cluster, node.load_shard(cluster, args), args)
         path = args.model
     else:
         path = _resolve_model(args.model)

@@ -33,6 +33,7 @@ from dataclasses import asdict
 import mlx.core as mx
 
 from engine.decoding.decoder import BatchDecoder
+from engine.decoding.drafters import Proposal
 from engine.decoding.plan import RowResult
 from engine.errors import ClusterError, GenerationError
 from engine.types import SamplingParams
@@ -154,8 +155,22 @@ def stop_followers(cluster) -> None:
         cluster.send_json({"stop": True})
 
 
-def follow(cluster, model) -> None:
-    """A rank other than 0: run rank 0's schedule until it says stop."""
+class FollowerDrafter:
+    """A follower's drafts when the MTP head runs on rank 0 only: zeros of the right length
+    (its verify runs on rank 0's drafts, ``Decisions.drafts``, and its results are rank 0's,
+    ``Decisions.results``, so what it proposes never matters; it costs nothing)."""
+
+    def draft(self, request) -> Proposal:
+        return Proposal(tokens=mx.zeros((request.k,), dtype=mx.int32), q=None)
+
+    def undo(self, proposal: Proposal) -> None:
+        pass
+
+
+def follow(cluster, model, *, head_here: bool = False) -> None:
+    """A rank other than 0: run rank 0's schedule until it says stop. ``head_here``: draft
+    with this rank's own copy of the MTP head (replicated) instead of ``FollowerDrafter``
+    (what docs/distributed.md measures)."""
     dec: BatchDecoder | None = None
     flags: dict[str, threading.Event] = {}
     while True:
@@ -166,7 +181,8 @@ def follow(cluster, model) -> None:
             if "new" in msg:
                 new = msg["new"]
                 dec = BatchDecoder(model, max_streams=new["max_streams"],
-                                   use_mtp=new["use_mtp"], share=Decisions(cluster))
+                                   use_mtp=new["use_mtp"] and head_here,
+                                   share=Decisions(cluster))
                 flags = {}
             if dec is None:
                 raise ClusterError("rank 0 sent a step before its decoder")
@@ -176,6 +192,7 @@ def follow(cluster, model) -> None:
                         sampling=SamplingParams(**a["sampling"]), seed=a["seed"],
                         cancel=flags[a["id"]], stop_strings=tuple(a["stop"]),
                         draft_mode=a["draft_mode"], id=a["id"],
+                        drafter=None if head_here or not a["depth"] else FollowerDrafter(),
                         constraint=_constraint(model, a["grammar"]))
             for sid in msg["cancel"]:
                 flags[sid].set()

@@ -68,11 +68,15 @@ def _leader(cluster, model, *, max_streams: int, carryover=None, use_mtp: bool =
                          use_mtp=use_mtp)
 
 
-def run_follower(cluster, model) -> int:
-    """A rank other than 0, until rank 0 says stop (0) or the cluster breaks (exit 3)."""
+def run_follower(cluster, model, args=None) -> int:
+    """A rank other than 0, until rank 0 says stop (0) or the cluster breaks (exit 3). The
+    MTP head stays on rank 0 (its weights are dropped here) unless ``--mtp-head every``."""
     cluster.on_stall = _exit_on_stall(cluster)
+    head_here = getattr(args, "mtp_head", "rank0") == "every"
+    if not head_here:
+        model.mtp = None  # rank 0 drafts for every rank: this copy is never used
     try:
-        follow(cluster, model)
+        follow(cluster, model, head_here=head_here)
     except Exception as exc:  # noqa: BLE001 - a broken cluster: say it in one line, leave
         print(f"error: rank {cluster.rank}: {' '.join(str(exc).split())}", file=sys.stderr,
               flush=True)
