@@ -137,7 +137,11 @@ def run(args) -> int:
     cluster = None
     if args.hostfile:
         from engine.distributed import launch, node
+        from engine.errors import ClusterError
 
+        if args.mtp_head != "every":
+            raise ClusterError("serve keeps the MTP head on every rank (--mtp-head rank0 is "
+                               "for measuring with generate)")
         if not launch.in_cluster():
             return launch.run_launcher(args.argv, args)
         cluster = node.join(args)

@@ -121,10 +121,9 @@ def add_arguments(p) -> None:
                        help="pipeline parallel: each host runs a contiguous part of the layers")
     g.add_argument("--cluster-port", type=int, default=DEFAULT_PORT, help="ring backend: "
                    f"the first port the ranks listen on (default {DEFAULT_PORT})")
-    g.add_argument("--mtp-head", choices=("rank0", "every"), default="rank0",
-                   help="where the MTP head drafts: on rank 0 only, its drafts sent with the "
-                   "verify (default), or on every rank (replicated; measured slower, see "
-                   "docs/distributed.md)")
+    g.add_argument("--mtp-head", choices=("every", "rank0"), default="every",
+                   help="every rank keeps the MTP head (default), or only rank 0 drafts "
+                   "(generate only, for measuring: see docs/distributed.md)")
     g.add_argument("--step-timeout", type=float, default=8.0, help="seconds a step may wait "
                    "for the other hosts before the cluster is declared gone (default 8)")
 

@@ -156,9 +156,12 @@ def stop_followers(cluster) -> None:
 
 
 class FollowerDrafter:
-    """A follower's drafts when the MTP head runs on rank 0 only: zeros of the right length
-    (its verify runs on rank 0's drafts, ``Decisions.drafts``, and its results are rank 0's,
-    ``Decisions.results``, so what it proposes never matters; it costs nothing)."""
+    """A follower's drafts when only rank 0 keeps the MTP head (``--mtp-head rank0``,
+    ``generate`` only): zeros of the right length (its verify runs on rank 0's drafts,
+    ``Decisions.drafts``, its results are rank 0's, ``Decisions.results``, so what it
+    proposes never matters). Not for serving: a follower without the head keeps prompt-cache
+    snapshots that rank 0 would not resume from (their MTP cache is not in step), so the two
+    could resume a conversation from different points and run different forwards."""
 
     def draft(self, request) -> Proposal:
         return Proposal(tokens=mx.zeros((request.k,), dtype=mx.int32), q=None)
@@ -167,10 +170,10 @@ class FollowerDrafter:
         pass
 
 
-def follow(cluster, model, *, head_here: bool = False) -> None:
-    """A rank other than 0: run rank 0's schedule until it says stop. ``head_here``: draft
-    with this rank's own copy of the MTP head (replicated) instead of ``FollowerDrafter``
-    (what docs/distributed.md measures)."""
+def follow(cluster, model, *, head_here: bool = True) -> None:
+    """A rank other than 0: run rank 0's schedule until it says stop. ``head_here`` (the
+    default): this rank keeps and runs its copy of the MTP head, so its decoder is the same
+    program as rank 0's; False: ``FollowerDrafter`` (measuring only)."""
     dec: BatchDecoder | None = None
     flags: dict[str, threading.Event] = {}
     while True:

@@ -69,10 +69,10 @@ def _leader(cluster, model, *, max_streams: int, carryover=None, use_mtp: bool =
 
 
 def run_follower(cluster, model, args=None) -> int:
-    """A rank other than 0, until rank 0 says stop (0) or the cluster breaks (exit 3). The
-    MTP head stays on rank 0 (its weights are dropped here) unless ``--mtp-head every``."""
+    """A rank other than 0, until rank 0 says stop (0) or the cluster breaks (exit 3). With
+    ``--mtp-head rank0`` (``generate`` only) this rank drops its MTP head and drafts nothing."""
     cluster.on_stall = _exit_on_stall(cluster)
-    head_here = getattr(args, "mtp_head", "rank0") == "every"
+    head_here = getattr(args, "mtp_head", "every") == "every"
     if not head_here:
         model.mtp = None  # rank 0 drafts for every rank: this copy is never used
     try:

@@ -43,9 +43,11 @@ def _loaded(path):
 
 
 def check_cluster(tmp_path, path, split: str, *, depths=(0, 1, 2, 3), full: bool = True,
-                  kill: bool = False):
+                  kill: bool = False, freeze: bool = False):
     """Every check of the issue on one (model, split): greedy depths, seeded sampling, four
-    batched streams, structured output; with ``kill``, then a rank killed mid-reply."""
+    batched streams, structured output; then, with ``kill``, a rank killed mid-reply, with
+    ``freeze``, a rank that stops answering (SIGSTOP: no socket closes, as an unplugged
+    host)."""
     model = _loaded(path)
     srv = ClusterServer(tmp_path, path, split=split)
     try:
@@ -54,19 +56,24 @@ def check_cluster(tmp_path, path, split: str, *, depths=(0, 1, 2, 3), full: bool
                 got = srv.post("/v1/completions", completion(ids, depth=depth))
                 assert got["choices"][0]["text"] == reference(model, ids, depth=depth), \
                     (split, depth, ids)
-        if not full:
-            return
-        for depth in (0, 3):
-            body = completion(PROMPTS[0], depth=depth, temperature=0.9, seed=7, top_p=1.0)
-            got = srv.post("/v1/completions", body)
-            want = reference(model, PROMPTS[0], depth=depth, temperature=0.9, seed=7)
-            assert got["choices"][0]["text"] == want, ("seeded", split, depth)
-        _check_batched(srv, model)
-        _check_structured(srv)
+        if full:
+            _check_sampled(srv, model, split)
+            _check_batched(srv, model)
+            _check_structured(srv)
         if kill:
             _check_kill(srv)
+        if freeze:
+            _check_frozen(srv)
     finally:
         srv.close()
+
+
+def _check_sampled(srv, model, split: str) -> None:
+    for depth in (0, 3):
+        body = completion(PROMPTS[0], depth=depth, temperature=0.9, seed=7, top_p=1.0)
+        got = srv.post("/v1/completions", body)
+        want = reference(model, PROMPTS[0], depth=depth, temperature=0.9, seed=7)
+        assert got["choices"][0]["text"] == want, ("seeded", split, depth)
 
 
 def _check_batched(srv, model) -> None:
@@ -105,7 +112,8 @@ def test_tensor_parallel_tiny_dense_is_exact_and_survives_a_killed_rank(tmp_path
 
 
 def test_pipeline_parallel_demo_greedy_depths(tmp_path, models):
-    check_cluster(tmp_path, models["demo"], "pipeline", depths=(0, 1, 3), full=False)
+    check_cluster(tmp_path, models["demo"], "pipeline", depths=(0, 1, 3), full=False,
+                  freeze=True)
 
 
 @pytest.mark.slow
@@ -131,6 +139,24 @@ def _check_kill(srv) -> None:
     errors = [e for e in events if "error" in e]
     assert errors and "cluster" in errors[-1]["error"]["message"], events[-2:]
     srv.proc.wait(20)  # the launcher and rank 0 end
+
+
+def _check_frozen(srv) -> None:
+    """A rank that stops answering without closing its sockets: the request ends with the
+    watchdog's error within 10 s (``--step-timeout`` 6 s) and rank 0 exits."""
+    os.kill(srv.rank_pid(1), signal.SIGSTOP)
+    t0 = time.monotonic()
+    got = srv.post("/v1/completions", completion(PROMPTS[0], depth=2), timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert got.get("status") == 503 and "no answer" in got["error"]["message"], got
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            srv.rank_pid(0)
+        except AssertionError:
+            return
+        time.sleep(0.2)
+    raise AssertionError("rank 0 did not exit")
 
 
 def _stream(srv, body):
