@@ -136,20 +136,12 @@ def run(args) -> int:
     depth = parse_depth(args.depth)
     cluster = None
     if args.hostfile:
-        from engine.distributed import launch, node
-        from engine.errors import ClusterError
+        from engine.distributed import node
 
-        if args.mtp_head != "every":
-            raise ClusterError("serve keeps the MTP head on every rank (--mtp-head rank0 is "
-                               "for measuring with generate)")
-        if not launch.in_cluster():
-            return launch.run_launcher(args.argv, args)
-        cluster = node.join(args)
-        if cluster.rank != 0:
-            return node.run_follower(cluster, node.load_shard(cluster, args), args)
-        path = args.model
-    else:
-        path = _resolve_model(args.model)
+        cluster = _cluster(args)
+        if isinstance(cluster, int):  # the launcher, or a rank other than 0: done
+            return cluster
+    path = args.model if cluster is not None else _resolve_model(args.model)
 
     def load():
         if cluster is not None:
@@ -174,6 +166,23 @@ def run(args) -> int:
     print("server stopped", file=sys.stderr)
     _exit_now(0)
     return 0
+
+
+def _cluster(args):
+    """``--hostfile``: the launcher runs mlx.launch and returns its exit code; a rank other
+    than 0 follows rank 0 and returns its exit code; rank 0 returns its ``Cluster``."""
+    from engine.distributed import launch, node
+    from engine.errors import ClusterError
+
+    if args.mtp_head != "every":
+        raise ClusterError("serve keeps the MTP head on every rank (--mtp-head rank0 is for "
+                           "measuring with generate)")
+    if not launch.in_cluster():
+        return launch.run_launcher(args.argv, args)
+    cluster = node.join(args)
+    if cluster.rank != 0:
+        return node.run_follower(cluster, node.load_shard(cluster, args), args)
+    return cluster
 
 
 def _exit_now(code: int) -> None:
