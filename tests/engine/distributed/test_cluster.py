@@ -49,11 +49,14 @@ def check_cluster(tmp_path, path, split: str, *, depths=(0, 1, 2, 3), full: bool
     ``freeze``, a rank that stops answering (SIGSTOP: no socket closes, as an unplugged
     host)."""
     model = _loaded(path)
-    srv = ClusterServer(tmp_path, path, split=split)
+    # a generous watchdog, unless the freeze check needs its error within 10 s: on a loaded
+    # 2-core machine a healthy step has taken over 6 s (the watchdog's own thread was late)
+    srv = ClusterServer(tmp_path, path, split=split, step_timeout=5.0 if freeze else 30.0)
     try:
         for depth in depths:
             for ids in PROMPTS[:2]:
                 got = srv.post("/v1/completions", completion(ids, depth=depth))
+                assert "choices" in got, (got, srv.text()[-1500:])
                 assert got["choices"][0]["text"] == reference(model, ids, depth=depth), \
                     (split, depth, ids)
         if full:
