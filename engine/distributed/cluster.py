@@ -16,6 +16,9 @@
   ``timeout_s`` (a rank that stopped answering without closing its sockets: an unplugged
   cable, a frozen machine) calls ``on_stall`` from the watchdog thread. A rank that dies
   closes its sockets: the collective raises at once (``ClusterError`` from ``fail``).
+
+``MTPCHAT_TRACE_COLLECTIVES=1`` prints every collective as it is built, with its caller
+(finding where two ranks' sequences part).
 """
 from __future__ import annotations
 
