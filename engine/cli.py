@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad is not None:
         return fail(f"argument {bad + 1} is not valid UTF-8 text")
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the verb's arguments as given (a cluster's launcher passes them on)
     from engine.loghandlers import QuietStreamHandler
 
     handler = QuietStreamHandler(sys.stderr)  # a full or closed stderr: one line, then quiet

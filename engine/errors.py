@@ -33,3 +33,8 @@ class HubError(EngineError):
 
 class StoreError(EngineError):
     """The local model store could not do what was asked."""
+
+
+class ClusterError(EngineError):
+    """A model split across machines (``engine.distributed``) cannot go on: a rank stopped
+    answering, a hostfile is wrong, the ranks hold different model folders."""

@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
                    help="how the MTP head drafts at temperature > 0 (all exact): the target's "
                         "filters (default), softmax only, or its argmax")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
+    from engine.distributed.launch import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def _stop(text: str) -> str:
@@ -146,19 +149,35 @@ def json_report(tally, *, trace: bool = False) -> dict:
     return d
 
 
+def _sampling(args):
+    from engine import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty)
+
+
 def run(args) -> int:
-    from engine import SamplingParams, default_model_path, load
+    from engine import default_model_path, load
+
+    if args.hostfile:
+        return _run_cluster(args)
+    model = load(args.model or default_model_path(), dtype=args.dtype)
+    events = model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
+                            depth=parse_depth(args.depth), sampling=_sampling(args),
+                            seed=args.seed, stop_strings=tuple(args.stop),
+                            draft_mode=args.draft_mode)
+    _report(args, events)
+    return 0
+
+
+def _report(args, events, extra=None) -> None:
+    """Stream ``events`` to stdout (or one JSON object, with ``extra()`` merged in)."""
     from engine.metrics.summary import ReplyTally
 
-    model = load(args.model or default_model_path(), dtype=args.dtype)
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                              min_p=args.min_p, presence_penalty=args.presence_penalty,
-                              frequency_penalty=args.frequency_penalty)
     tally = ReplyTally()
     shown = EmptyThinkFilter() if args.chat else None
-    for ev in model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
-                             depth=parse_depth(args.depth), sampling=sampling, seed=args.seed,
-                             stop_strings=tuple(args.stop), draft_mode=args.draft_mode):
+    for ev in events:
         tally.add(ev)
         if not args.json:
             sys.stdout.write(shown.feed(ev.text) if shown else ev.text)
@@ -166,10 +185,39 @@ def run(args) -> int:
     if shown and not args.json:
         sys.stdout.write(shown.flush())
     if args.json:
-        print(json.dumps(json_report(tally, trace=args.trace)))
+        print(json.dumps({**json_report(tally, trace=args.trace), **(extra() if extra else {})}))
     else:
         s = tally.summary()
         print(f"\n[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, TTFT "
               f"{s.ttft_s * 1000:.0f} ms, {s.tokens_per_cycle:.2f} tokens/cycle, "
               f"finish: {s.finish_reason}]", file=sys.stderr)
-    return 0
+
+
+def _run_cluster(args) -> int:
+    """``--hostfile``: the launcher starts every rank through mlx.launch; rank 0 generates
+    on its ``LeaderDecoder`` and the other ranks follow (``engine.distributed``)."""
+    from engine.distributed import launch, node
+    from engine.distributed.lockstep import LeaderDecoder
+
+    if not launch.in_cluster():
+        return launch.run_launcher(args.argv, args)
+    cluster, model = node.start(args)
+    if cluster.rank != 0:
+        return node.run_follower(cluster, model, args)
+    cluster.on_stall = node.exit_on_stall(cluster)
+    depth = parse_depth(args.depth)
+    dec = LeaderDecoder(cluster, model, max_streams=1,
+                        use_mtp=depth != 0 and model.mtp is not None)
+    dec.add(prompt_ids(model, args), max_tokens=args.max_tokens, depth=depth,
+            sampling=_sampling(args), seed=args.seed, stop_strings=tuple(args.stop),
+            draft_mode=args.draft_mode)
+    counted = node.RoundCounter(cluster)
+
+    def events():
+        while dec.busy:
+            for part in (dec.admit_step, dec.cycle_step):  # counted from the first token on
+                for _, ev in part():
+                    counted.saw(ev)
+                    yield ev
+    _report(args, events(), lambda: {"cluster": counted.report()})
+    return node.finish(cluster, 0)

@@ -87,6 +87,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-connections", type=int, default=512, help="open connections at "
                    "most (idle ones are closed first; lowered to fit the file-descriptor "
                    "limit; default 512)")
+    from engine.distributed.launch import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def _resolve_model(name: str | None) -> str:
@@ -131,24 +134,55 @@ def run(args) -> int:
                           allow_origins=parse_origins([*args.allow_origin,
                                                        os.environ.get(ORIGINS_ENV, "")]))
     depth = parse_depth(args.depth)
-    path = _resolve_model(args.model)
+    cluster = None
+    if args.hostfile:
+        from engine.distributed import node
+
+        cluster = _cluster(args)
+        if isinstance(cluster, int):  # the launcher, or a rank other than 0: done
+            return cluster
+    path = args.model if cluster is not None else _resolve_model(args.model)
 
     def load():
+        if cluster is not None:
+            return node.load_shard(cluster, args)
         from engine import load as load_model
 
         return load_model(path, dtype=args.dtype)
 
     streams = args.max_streams or _default_streams()
     scheduler = Scheduler(loader=load, max_queue=args.max_queue, max_streams=streams).start()
+    if cluster is not None:  # a rank gone: every request ends with the reason, then exit
+        cluster.on_stall = node.exit_on_stall(cluster, scheduler.abort)
+        node.exit_when_broken(cluster)
     server = Server(scheduler, host=args.host, port=args.port, api_key=args.api_key,
                     default_depth=depth, drain_s=args.drain_seconds, perimeter=perimeter,
                     max_connections=args.max_connections)
     _announce_when_started(server, args.json)
     server.serve()
     scheduler.stop(timeout=5)
+    if cluster is not None:
+        node.finish(cluster, 0)
     print("server stopped", file=sys.stderr)
     _exit_now(0)
     return 0
+
+
+def _cluster(args):
+    """``--hostfile``: the launcher runs mlx.launch and returns its exit code; a rank other
+    than 0 follows rank 0 and returns its exit code; rank 0 returns its ``Cluster``."""
+    from engine.distributed import launch, node
+    from engine.errors import ClusterError
+
+    if args.mtp_head != "every":
+        raise ClusterError("serve keeps the MTP head on every rank (--mtp-head rank0 is for "
+                           "measuring with generate)")
+    if not launch.in_cluster():
+        return launch.run_launcher(args.argv, args)
+    cluster = node.join(args)
+    if cluster.rank != 0:
+        return node.run_follower(cluster, node.load_shard(cluster, args), args)
+    return cluster
 
 
 def _exit_now(code: int) -> None:

@@ -141,6 +141,7 @@ class Scheduler:
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._observers: list[Observer] = []
+        self._sinks: dict[int, tuple[GenRequest, Sink]] = {}  # started, not finished
         self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
         self.completed = 0
 
@@ -192,6 +193,26 @@ class Scheduler:
         t = threading.Timer(grace_s, self.cancel_all, args=(client,))
         t.daemon = True
         t.start()
+
+    def abort(self, error: BaseException) -> None:
+        """Any thread, when the worker cannot go on (a cluster whose other machines stopped
+        answering while the worker waits on them): refuse new requests and end every
+        started and queued one with ``Failed(error)`` now."""
+        with self._lock:
+            self._closed = True
+            started = list(self._sinks.values())
+            self._sinks.clear()
+        queued = []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                queued.append(job)
+        for req, sink in started + queued:
+            req.cancel.set()
+            _safe(sink, Failed(error))
 
     def cancel_all(self, client: str | None = None) -> None:
         with self._lock:
@@ -319,6 +340,8 @@ class Scheduler:
         req, sink = job
         self._begin(req)
         sink, tally = self._observed(req, sink), ReplyTally()
+        with self._lock:
+            self._sinks[id(req)] = (req, sink)
         _safe(sink, Started(time.perf_counter() - req.submitted_at))
         try:
             if req.cancel.is_set():
@@ -369,7 +392,10 @@ class Scheduler:
                 self._finish(req, sink, Done(tally.summary()))
 
     def _finish(self, req: GenRequest, sink: Sink, item: Item) -> None:
-        _safe(sink, item)
+        with self._lock:
+            live = self._sinks.pop(id(req), None) is not None
+        if live:  # not already ended by ``abort``
+            _safe(sink, item)
         self._end(req)
 
     def _observed(self, req: GenRequest, sink: Sink) -> Sink:

@@ -19,8 +19,9 @@ from engine.types import Event, PrefillStats
 class Admission:
     """The waiting line and the stream being prefilled (``joining``)."""
 
-    def __init__(self, model, carryover, *, use_mtp: bool) -> None:
+    def __init__(self, model, carryover, *, use_mtp: bool, share=None) -> None:
         self.model = model
+        self.share = share  # a cluster's: rank 0's first token on every rank
         self.carryover = carryover
         self.use_mtp = use_mtp
         self.waiting: deque[Stream] = deque()
@@ -73,6 +74,8 @@ class Admission:
         s, row, reply = st.session, st.row, st.reply
         x0 = draw.draw(s.last_logits, row.params, reply.counts, next(row.keys),
                        row.constraint)
+        if self.share is not None:
+            x0 = self.share.first_token(x0)
         st.after_prompt = s.snapshot()
         self.carryover.prompt_cache.keep(st.after_prompt)
         prefill = PrefillStats(prompt_tokens=len(st.prompt), reused_tokens=st.reused,

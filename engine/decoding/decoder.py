@@ -50,10 +50,12 @@ class BatchDecoder:
     ``carryover``: the prompt cache, disk cache and depth controllers it reads and writes
     (``engine.core.carryover``; default: the model's shared one). ``use_mtp=False``: streams
     draft with their own ``drafter`` (or decode at depth 0). ``profile``: synchronise after
-    every phase, so each phase's time is its true cost."""
+    every phase, so each phase's time is its true cost. ``share``: on a rank of a cluster,
+    what makes every rank decide alike (``engine.distributed.lockstep.Decisions``: rank 0's
+    first tokens, drafts and accepted lengths on every rank); None alone."""
 
     def __init__(self, model, *, carryover=None, max_streams: int = DEFAULT_STREAMS,
-                 use_mtp: bool = True, profile: bool = False) -> None:
+                 use_mtp: bool = True, profile: bool = False, share=None) -> None:
         if max_streams < 1:
             raise GenerationError(f"max_streams must be at least 1, not {max_streams}")
         if carryover is None:
@@ -65,7 +67,8 @@ class BatchDecoder:
         self.max_streams = max_streams
         self.profile = profile
         self.batch = Batch(model, use_mtp=use_mtp)
-        self.admission = Admission(model, carryover, use_mtp=self.batch.use_mtp)
+        self.admission = Admission(model, carryover, use_mtp=self.batch.use_mtp, share=share)
+        self.share = share
         self.plain = plain.PlainPipeline(self.batch)
         self.active: list[Stream] = []   # the batch's rows, in row order
         self.cycles = 0
@@ -193,7 +196,7 @@ class BatchDecoder:
     # -- the cycle -------------------------------------------------------------------------------
     def _cycle(self) -> Emitted:
         streams = self.active
-        if plain.pipelined(streams):
+        if self.share is None and plain.pipelined(streams):  # a cluster shares each token
             joining = bool(self.admission.waiting) and len(streams) < self.max_streams \
                 or self.admission.joining is not None
             c, results, times = self.plain.cycle(streams, joining=joining)
@@ -203,7 +206,7 @@ class BatchDecoder:
             if any(st.depth == "auto" for st in streams):
                 ctrl = self._controller(len(streams))
             c, results, times = speculative.run(self.batch, streams, ctrl, self.plain.key_for,
-                                                profile=self.profile)
+                                                profile=self.profile, share=self.share)
         return self._finish_cycle(c, results, times)
 
     def _controller(self, rows: int):

@@ -38,8 +38,9 @@ def depths(streams: list[Stream], controller: AdaptiveDepth | None
 
 
 def launch(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None, *,
-           profile: bool = False) -> Cycle:
-    """Depths, drafts (started computing) and the verify forward (lazy)."""
+           profile: bool = False, share=None) -> Cycle:
+    """Depths, drafts (started computing) and the verify forward (lazy); ``share`` (a
+    cluster's): the verify runs on rank 0's drafts on every rank."""
     t0 = time.perf_counter()
     ks, reasons = depths(streams, controller)
     c = Cycle(ks=ks, reasons=reasons, proposals=[], t0=t0, controller=controller)
@@ -49,7 +50,10 @@ def launch(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None
     if drafted:
         (mx.eval if profile else mx.async_eval)(drafted)
     t1 = time.perf_counter()
-    c.ver = batch.verify(_inputs(x0s, c))
+    inputs = _inputs(x0s, c)
+    if share is not None and max(c.ks) > 0:
+        inputs = share.drafts(inputs)
+    c.ver = batch.verify(inputs)
     (mx.eval if profile else mx.async_eval)(c.ver.logits)
     c.t_draft, c.t_verify = t1 - t0, time.perf_counter() - t1
     return c
@@ -74,10 +78,11 @@ def _inputs(x0s: list[int], c: Cycle) -> mx.array:
 
 
 def run(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None,
-        plain_key: Callable[[Stream], mx.array], *, profile: bool = False
+        plain_key: Callable[[Stream], mx.array], *, profile: bool = False, share=None
         ) -> tuple[Cycle, list[RowResult], dict]:
-    """One cycle up to its host sync; returns it, each row's result and its times."""
-    c = launch(batch, streams, controller, profile=profile)
+    """One cycle up to its host sync; returns it, each row's result and its times. With
+    ``share`` (a cluster's) every rank then takes rank 0's results: one decision."""
+    c = launch(batch, streams, controller, profile=profile, share=share)
     fast = [st.row.greedy_fast for st in streams]
     if any(fast):
         c.target = mx.argmax(c.ver.logits, axis=-1).astype(mx.int32)
@@ -95,6 +100,8 @@ def run(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None,
         return acceptance.accept_row(streams[b], b, c, plain_key, key=key, dense=True)
 
     results = acceptance.sync(c, verdicts, redo)
+    if share is not None:
+        results = share.results(results)
     t_sync = time.perf_counter()
     times = dict(t_draft=c.t_draft, t_verify=c.t_verify,
                  t_accept=t_accept - c.t0 - c.t_draft - c.t_verify,

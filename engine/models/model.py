@@ -33,6 +33,7 @@ class Model:
         self.tokenizer = tokenizer
         self.info = info
         self._kv_bytes: int | None = None
+        self.decoder_factory = None   # set on a rank of a cluster (engine.distributed)
         self._prompt_view: PromptView | None = None
 
     @property
@@ -82,8 +83,12 @@ class Model:
 
     def decoder(self, *, max_streams: int, carryover=None):
         """A decoder for up to ``max_streams`` replies at once (``BatchDecoder``), reading
-        and writing ``carryover`` (default: the model's shared one)."""
+        and writing ``carryover`` (default: the model's shared one); a model split across
+        machines makes its cluster's (``decoder_factory``: ``engine.distributed.lockstep``)."""
         from engine.decoding.decoder import BatchDecoder
+
+        if self.decoder_factory is not None:
+            return self.decoder_factory(self, max_streams=max_streams, carryover=carryover)
 
         return BatchDecoder(self, carryover=carryover, max_streams=max_streams)
 
@@ -123,12 +128,14 @@ def _chat_ids(owner, messages: list[dict], enable_thinking: bool | None,
                     max_tokens=owner.prompt_limit(), context=owner.info.context_length)
 
 
-def load(path: str | Path, *, dtype: str | None = None) -> Model:
+def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     """Load a model: a folder, an installed model's name, or the repo id it was pulled from.
 
     ``dtype`` ("float32", "bfloat16", "float16") casts float weights. The config and every
     safetensors header are validated (``engine.models.checkpoint``) before the tokenizer is read, and
     any failure while building becomes a ModelLoadError naming what did not fit.
+    ``prepare(built, checkpoint)`` runs on the built modules before any weight is read (a rank
+    of a cluster keeps only its shard: ``engine.distributed.node``).
     """
     import mlx.core as mx
 
@@ -142,6 +149,8 @@ def load(path: str | Path, *, dtype: str | None = None) -> Model:
     ckpt = read_checkpoint(folder)
     tokenizer = loading.load_tokenizer(folder)
     built = build(ckpt.config, loading.load_arrays(ckpt))
+    if prepare is not None:
+        prepare(built, ckpt)
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
     try:

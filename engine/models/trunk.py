@@ -10,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
+from mlx_lm.models.qwen3_5 import gather_last_axis
 
 from engine.models import device
 
@@ -49,10 +50,14 @@ class GDNCapture:
 
 
 def lm_head(text_model, h: mx.array) -> mx.array:
-    """The trunk's LM head (tied to ``embed_tokens`` or separate); shared with the MTP head."""
+    """The trunk's LM head (tied to ``embed_tokens`` or separate); shared with the MTP head.
+    A separate head split across ranks by mlx-lm's ``shard`` (each rank a slice of the
+    vocabulary) is gathered back to the whole vocabulary, as mlx-lm's own forward does."""
     if text_model.args.tie_word_embeddings:
         return text_model.model.embed_tokens.as_linear(h)
-    return text_model.lm_head(h)
+    group = getattr(text_model, "sharding_group", None)
+    out = text_model.lm_head(h)
+    return out if group is None else gather_last_axis(out, group)
 
 
 def _cpu(cpu: bool | None) -> bool:
@@ -117,8 +122,11 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
     outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
     out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
     cache[0], cache[1] = convs[-1], states[-1]
-    out = gdn.norm(out, z)
-    return gdn.out_proj(out.reshape(B, S, -1)), GDNCapture(conv=convs, state=states)
+    out = gdn.out_proj(gdn.norm(out, z).reshape(B, S, -1))
+    group = getattr(gdn, "sharding_group", None)  # tensor parallel: this rank's heads' part
+    if group is not None:
+        out = mx.distributed.all_sum(out, group=group)
+    return out, GDNCapture(conv=convs, state=states)
 
 
 def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
@@ -271,15 +279,24 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
     layers unchanged. The device branch (engine/models/device.py) is read once, here.
+
+    Split across machines by mlx-lm (``engine.distributed.family``): tensor parallel needs
+    nothing here (mlx-lm's sharded layers, and ``_gdn_capture``, sum their parts); pipeline
+    parallel runs this rank's layers (``pipeline_layers``, which ``cache`` and the capture
+    indices follow) between receiving the hidden from the rank before and sending it on,
+    then every rank gets the last rank's hidden, as mlx-lm's own forward does.
     """
     cpu = device.is_cpu()
     inner = text_model.model
     x = inner.embed_tokens(inputs)
-    fa_mask = create_attention_mask(x, cache[inner.fa_idx])
-    ssm_mask = create_ssm_mask(x, cache[inner.ssm_idx])
+    fa_mask = None if inner.fa_idx is None else create_attention_mask(x, cache[inner.fa_idx])
+    ssm_mask = None if inner.ssm_idx is None else create_ssm_mask(x, cache[inner.ssm_idx])
+    rank, size = getattr(inner, "pipeline_rank", 0), getattr(inner, "pipeline_size", 1)
+    if rank < size - 1:  # mlx-lm's order: the last rank runs the first layers
+        x = mx.distributed.recv_like(x, rank + 1)
     fused = capture or inputs.shape[1] == 1
     captures: dict[int, GDNCapture] = {}
-    for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+    for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue
@@ -289,6 +306,10 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
                 captures[i] = cap
         else:
             x = attention_layer(layer, x, fa_mask, c, cpu)
+    if size > 1:
+        if rank != 0:
+            x = mx.distributed.send(x, rank - 1)
+        x = mx.distributed.all_gather(x)[:x.shape[0]]
     return inner.norm(x), captures
 
 

@@ -166,6 +166,7 @@ class Constraint:
             raise GenerationError(f"The JSON schema cannot be used: "
                                   f"{_first_line(matcher.get_error())}")
         c = cls(matcher, vocab_size, eos)
+        c.grammar = grammar  # what another rank of a cluster rebuilds it from
         c._mask()
         if c.error is not None:
             raise GenerationError("The JSON schema cannot be used: no JSON document satisfies "

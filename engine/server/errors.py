@@ -9,7 +9,7 @@ server keeps serving.
 """
 from __future__ import annotations
 
-from engine.errors import EngineError, GenerationError, PromptTooLongError
+from engine.errors import ClusterError, EngineError, GenerationError, PromptTooLongError
 
 # HTTP status -> (OpenAI error type, Anthropic error type)
 _TYPES = {
@@ -55,6 +55,8 @@ def from_engine_error(exc: BaseException) -> ApiError:
         return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, GenerationError):
         return ApiError(400, str(exc))
+    if isinstance(exc, ClusterError):
+        return ApiError(503, str(exc), code="cluster_failed")
     if isinstance(exc, EngineError):
         return ApiError(500, f"The engine failed: {exc}")
     return ApiError(500, f"The engine failed: {type(exc).__name__}: {exc}")
