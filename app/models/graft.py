@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import threading
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
-from app.models.jobs import emit_safely
+from app.models.jobs import ThreadJob
 from app.models.units import fmt_bytes
 
 
@@ -27,71 +27,20 @@ def button_text(offer: dict | None) -> str:
     return "Add MTP head"
 
 
-class GraftJob(QObject):
-    progress = Signal(object)
-    finished = Signal(object)
-    failed = Signal(str)
-    _ended = Signal(object, str)
+class GraftJob(ThreadJob):
+    done_status = "grafted"
+    thread_name = "graft"
 
     def __init__(self, model_path: str, *, store, source: str | None = None,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.model_path, self.store, self.source = model_path, store, source
-        self.state = "queued"
-        self.last = None
-        self.result = None
-        self.error: str | None = None
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ended.connect(self._on_ended)
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        if self.running:
-            return
-        self._cancel = threading.Event()
-        self.state, self.error, self.result = "running", None, None
-        self._thread = threading.Thread(target=self._run, name="graft", daemon=True)
-        self._thread.start()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return not self.running
-
-    def _run(self) -> None:
-        from app.models.jobs import describe_error
+    def work(self, cancel: threading.Event):
         from engine.hub.graft import Grafter
-        from engine.hub.pull import release_thread_streams
 
-        try:
-            result = Grafter(self.model_path, source=self.source, store=self.store,
-                             progress=self._on_progress, cancel=self._cancel).run()
-        except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised here
-            emit_safely(self._ended, None, describe_error(exc))
-            return
-        finally:
-            release_thread_streams()  # the calibration ran MLX on this thread
-        emit_safely(self._ended, result, "")
-
-    def _on_progress(self, p) -> None:
-        self.last = p
-        emit_safely(self.progress, p)
-
-    def _on_ended(self, result, error: str) -> None:
-        if error:
-            self.state, self.error = "failed", error
-            self.failed.emit(error)
-            return
-        self.result = result
-        self.state = "done" if result.status == "grafted" else "cancelled"
-        self.finished.emit(result)
+        return Grafter(self.model_path, source=self.source, store=self.store,
+                       progress=self._on_progress, cancel=cancel).run()
 
 
 def result_text(res) -> str:

@@ -1,8 +1,9 @@
 """Background work for the model manager: downloads and Hub pre-checks, off the UI thread.
 
-``DownloadJob`` runs ``engine.hub.pull.pull`` on its own Python thread (so downloads go on while
-the user chats, whatever window is open) and reports through Qt signals, which Qt delivers
-queued to the UI thread. ``run_in_pool`` runs a short call (a repo pre-check) on the global
+``ThreadJob`` is cancellable work on its own Python thread (so downloads and grafts go on while
+the user chats, whatever window is open) reporting through Qt signals, which Qt delivers queued
+to the UI thread; ``DownloadJob`` runs ``engine.hub.pull.pull`` as one, ``GraftJob``
+(``app.models.graft``) the graft. ``run_in_pool`` runs a short call (a repo pre-check) on the global
 QThreadPool and hands back its result or error message through a signal.
 
 Signals of ``DownloadJob``: ``progress(DownloadProgress)``, ``finished(DownloadResult)``,
@@ -44,20 +45,23 @@ def _message(exc: BaseException, kept_bytes: int = 0) -> str:
     return describe(exc)
 
 
-class DownloadJob(QObject):
+class ThreadJob(QObject):
+    """Cancellable work on its own Python thread, reported through Qt signals (queued to the
+    UI thread). A subclass gives ``work(cancel)`` (returns a result with a ``status``),
+    ``done_status`` (the status that means done; any other is a cancel) and may override
+    ``error_message(exc)`` and ``thread_name``."""
+
     progress = Signal(object)
     finished = Signal(object)
     failed = Signal(str)
     _ended = Signal(object, str)  # (result, error) from the thread; handled on the UI thread
+    done_status = ""
+    thread_name = "job"
 
-    def __init__(self, repo_id: str, *, revision: str = "main", convert_bits: int | None = None,
-                 store=None, options: dict | None = None, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.repo_id, self.revision, self.convert_bits = repo_id, revision, convert_bits
-        self.store = store
-        self.options = dict(options or {})
         self.state = "queued"
-        self.last = None  # the latest DownloadProgress
+        self.last = None  # the latest progress
         self.result = None
         self.error: str | None = None
         self._cancel = threading.Event()
@@ -74,8 +78,7 @@ class DownloadJob(QObject):
             return
         self._cancel = threading.Event()
         self.state, self.error, self.result = "running", None, None
-        self._thread = threading.Thread(target=self._run, name=f"download {self.repo_id}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
     def cancel(self) -> None:
@@ -86,19 +89,22 @@ class DownloadJob(QObject):
             self._thread.join(timeout)
         return not self.running
 
+    def work(self, cancel: threading.Event):
+        raise NotImplementedError
+
+    def error_message(self, exc: BaseException) -> str:
+        return _message(exc)
+
     def _run(self) -> None:
-        from engine.hub.pull import pull, release_thread_streams
+        from engine.hub.pull import release_thread_streams
 
         try:
-            result = pull(self.repo_id, revision=self.revision, convert_bits=self.convert_bits,
-                          store=self.store, progress=self._on_progress, cancel=self._cancel,
-                          **self.options)
+            result = self.work(self._cancel)
         except BaseException as exc:  # noqa: BLE001 - reported to the UI, never raised in a thread
-            last = self.last
-            _emit(self._ended, None, _message(exc, getattr(last, "bytes_done", 0) or 0))
+            _emit(self._ended, None, self.error_message(exc))
             return
         finally:
-            release_thread_streams()  # (a conversion ran MLX on this thread)
+            release_thread_streams()  # (a conversion or a calibration ran MLX on this thread)
         _emit(self._ended, result, "")
 
     def _on_ended(self, result, error: str) -> None:
@@ -108,12 +114,33 @@ class DownloadJob(QObject):
             self.failed.emit(error)
             return
         self.result = result
-        self.state = "done" if result.status == "installed" else "cancelled"
+        self.state = "done" if result.status == self.done_status else "cancelled"
         self.finished.emit(result)
 
     def _on_progress(self, p) -> None:
         self.last = p
         _emit(self.progress, p)
+
+
+class DownloadJob(ThreadJob):
+    done_status = "installed"
+
+    def __init__(self, repo_id: str, *, revision: str = "main", convert_bits: int | None = None,
+                 store=None, options: dict | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.repo_id, self.revision, self.convert_bits = repo_id, revision, convert_bits
+        self.store = store
+        self.options = dict(options or {})
+        self.thread_name = f"download {repo_id}"
+
+    def work(self, cancel: threading.Event):
+        from engine.hub.pull import pull
+
+        return pull(self.repo_id, revision=self.revision, convert_bits=self.convert_bits,
+                    store=self.store, progress=self._on_progress, cancel=cancel, **self.options)
+
+    def error_message(self, exc: BaseException) -> str:
+        return _message(exc, getattr(self.last, "bytes_done", 0) or 0)
 
 
 class _Relay(QObject):
@@ -145,7 +172,3 @@ def _emit(signal, *args) -> None:
         signal.emit(*args)
     except RuntimeError:  # the window was deleted while the thread ran
         pass
-
-
-emit_safely = _emit      # for other model-manager jobs (app.models.graft)
-describe_error = _message

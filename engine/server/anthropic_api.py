@@ -209,17 +209,12 @@ def tool_use_of(body: dict) -> ToolUse:
         raise bad_request("tool_choice must be {type: auto|none|any|tool, "
                           "disable_parallel_tool_use?: bool}", "tool_choice")
     max_calls = 1 if one else None
-    if kind == "none":
-        return ToolUse(None)
-    if kind == "auto":
-        return ToolUse(tools, max_calls=max_calls)
-    if tools is None:
-        raise bad_request("tool_choice asks for a tool call, but no tools are offered",
-                          "tool_choice")
+    if kind in ("none", "auto"):
+        return ToolUse.chosen(tools, kind, max_calls=max_calls)
     name = choice.get("name") if kind == "tool" else None
-    if kind == "tool" and not isinstance(name, str):
+    if tools is not None and kind == "tool" and not isinstance(name, str):
         raise bad_request("tool_choice {type: tool} needs the tool's name", "tool_choice")
-    return ToolUse(tools, forced=True, name=name, max_calls=max_calls)
+    return ToolUse.chosen(tools, "forced", name=name, max_calls=max_calls)
 
 
 def thinking_flag(body: dict) -> bool | None:

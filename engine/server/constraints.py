@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from engine.errors import GenerationError
 from engine.sampling import grammar
 from engine.server.common import Backend
-from engine.server.errors import ApiError
+from engine.server.errors import ApiError, bad_request
 
 COMPILE_S = 10.0  # the most a grammar may take to compile (it runs off the loop meanwhile)
 # The JSON layout the model's own calls use (one space after ':' and ','), as compile_format does.
@@ -145,3 +145,29 @@ class ToolUse:
             return None
         return await forced_constraint(backend, self.tools, self.name, param=param,
                                        parallel=self.max_calls != 1)
+
+    @classmethod
+    def chosen(cls, tools: list[dict] | None, kind: str, *, name: str | None = None,
+               max_calls: int | None = None) -> ToolUse:
+        """What a tool choice of every API comes to: ``kind`` "none" (no tools in the
+        prompt), "auto", or "forced" (a call of ``name``, or of any tool when None)."""
+        if kind == "none":
+            return cls(None)
+        if kind == "auto":
+            return cls(tools, max_calls=max_calls)
+        if tools is None:
+            raise bad_request("tool_choice asks for a tool call, but no tools are offered",
+                              "tool_choice")
+        return cls(tools, forced=True, name=name, max_calls=max_calls)
+
+
+def openai_tool_use(tools: list[dict] | None, choice: object, name: str | None,
+                    max_calls: int | None, forms: str) -> ToolUse:
+    """OpenAI's ``tool_choice`` (Chat Completions and Responses): "auto", "none", "required"
+    or a named function (``name``: the name the API's own form of it holds, else None);
+    ``forms`` lists the accepted forms for the error."""
+    if choice in (None, "auto", "none"):
+        return ToolUse.chosen(tools, choice or "auto", max_calls=max_calls)
+    if tools is not None and choice != "required" and name is None:
+        raise bad_request(f"tool_choice must be {forms}", "tool_choice")
+    return ToolUse.chosen(tools, "forced", name=name, max_calls=max_calls)

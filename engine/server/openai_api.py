@@ -47,7 +47,7 @@ from engine.server import sse
 from engine.server.common import (
     Backend, Generation, mtp_headers, mtp_stats, new_id, number, refuse_fields, sampling_from,
     seed_of, stop_strings)
-from engine.server.constraints import ToolUse, constraint_of, max_calls_of
+from engine.server.constraints import ToolUse, constraint_of, max_calls_of, openai_tool_use
 from engine.server.errors import ApiError, bad_request
 from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
@@ -187,24 +187,15 @@ def tools_of(body: dict) -> list[dict] | None:
 def tool_use_of(body: dict) -> ToolUse:
     """``tools``, ``tool_choice`` (auto, none, required, or {type: function, function:
     {name}}) and ``parallel_tool_calls`` as a ``ToolUse``."""
-    tools, choice = tools_of(body), body.get("tool_choice")
-    max_calls = max_calls_of(body.get("parallel_tool_calls"), "parallel_tool_calls")
-    if choice == "none":
-        return ToolUse(None)
-    if choice in (None, "auto"):
-        return ToolUse(tools, max_calls=max_calls)
-    if tools is None:
-        raise bad_request("tool_choice asks for a tool call, but no tools are offered",
-                          "tool_choice")
-    if choice == "required":
-        return ToolUse(tools, forced=True, max_calls=max_calls)
+    choice = body.get("tool_choice")
     fn = choice.get("function") if isinstance(choice, dict) else None
-    if isinstance(choice, dict) and choice.get("type") == "function" and \
-            isinstance(fn, dict) and isinstance(fn.get("name"), str):
-        return ToolUse(tools, forced=True, name=fn["name"], max_calls=max_calls)
-    raise bad_request("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": "
-                      "\"function\", \"function\": {\"name\": ...}} (allowed_tools and custom "
-                      "tools are not supported)", "tool_choice")
+    named = isinstance(choice, dict) and choice.get("type") == "function" and \
+        isinstance(fn, dict) and isinstance(fn.get("name"), str)
+    return openai_tool_use(
+        tools_of(body), choice, fn["name"] if named else None,
+        max_calls_of(body.get("parallel_tool_calls"), "parallel_tool_calls"),
+        "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+        "{\"name\": ...}} (allowed_tools and custom tools are not supported)")
 
 
 def refuse_logprobs(body: dict) -> None:

@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from engine.server import sse
 from engine.server.common import (
     Backend, Generation, mtp_headers, mtp_stats, new_id, number, refuse_fields)
-from engine.server.constraints import ToolUse, constraint_of, max_calls_of
+from engine.server.constraints import ToolUse, constraint_of, max_calls_of, openai_tool_use
 from engine.server.errors import ApiError, bad_request
 from engine.server.openai_api import gen_request, read_json, refuse_logprobs, thinking_flag
 from engine.server.reply_parts import ReplyParser
@@ -140,21 +140,12 @@ def tool_use_of(body: dict) -> ToolUse:
     most = number(body, "max_tool_calls", None, integer=True, lo=1)
     if most is not None:
         max_calls = min(most, max_calls or most)
-    if choice == "none":
-        return ToolUse(None)
-    if choice in (None, "auto"):
-        return ToolUse(tools, max_calls=max_calls)
-    if tools is None:
-        raise bad_request("tool_choice asks for a tool call, but no tools are offered",
-                          "tool_choice")
-    if choice == "required":
-        return ToolUse(tools, forced=True, max_calls=max_calls)
-    if isinstance(choice, dict) and choice.get("type") == "function" and \
-            isinstance(choice.get("name"), str):
-        return ToolUse(tools, forced=True, name=choice["name"], max_calls=max_calls)
-    raise bad_request("tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": "
-                      "\"function\", \"name\": ...} (hosted tools and allowed_tools are not "
-                      "supported)", "tool_choice")
+    named = isinstance(choice, dict) and choice.get("type") == "function" and \
+        isinstance(choice.get("name"), str)
+    return openai_tool_use(
+        tools, choice, choice["name"] if named else None, max_calls,
+        "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...} "
+        "(hosted tools and allowed_tools are not supported)")
 
 
 def _reasoning(body: dict) -> dict:

@@ -59,6 +59,18 @@ def start_serve(tmp: Path, *args: str, timeout: float = 90, preexec_fn=None,
 
 
 @pytest.fixture(scope="module")
+def scripted_served():
+    """(ScriptedModel, its server on a free loopback port): one reply at a time, two wait."""
+    from engine.server.runner import start_server
+    from tests.server.fakes import ScriptedModel
+
+    model = ScriptedModel()
+    server = start_server(model, port=0, max_queue=2, max_streams=1)
+    yield model, server
+    server.stop(stop_scheduler=True)
+
+
+@pytest.fixture(scope="module")
 def demo_server(tmp_path_factory):
     server = start_serve(tmp_path_factory.mktemp("home"), "--max-queue", "8",
                          "--drain-seconds", "1")

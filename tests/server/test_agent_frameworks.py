@@ -13,9 +13,7 @@ from typing import Literal
 import pydantic
 import pytest
 
-from engine.server.runner import start_server
 from engine.server.templates import tool_call_xml
-from tests.server.fakes import ScriptedModel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,14 +26,6 @@ PYDANTIC_AI = ["pydantic-ai-responses", "pydantic-ai-chat", "pydantic-ai-anthrop
 class Doc(pydantic.BaseModel):
     kind: Literal["function", "class", "module"]
     documented: bool
-
-
-@pytest.fixture(scope="module")
-def served():
-    model = ScriptedModel()
-    server = start_server(model, port=0, max_queue=2, max_streams=1)
-    yield model, server
-    server.stop(stop_scheduler=True)
 
 
 def _need(name: str):
@@ -87,8 +77,8 @@ def _weather_tool(seen: list):
 
 
 @pytest.mark.parametrize("kind", OPENAI_AGENTS)
-def test_openai_agents_chat_and_stream(served, kind):
-    model, server = served
+def test_openai_agents_chat_and_stream(scripted_served, kind):
+    model, server = scripted_served
     model.replies[:] = ["Hello there.", "Hello again."]
     text, _ = asyncio.run(_agents_run(kind, server.url))
     assert text == "Hello there."
@@ -98,8 +88,8 @@ def test_openai_agents_chat_and_stream(served, kind):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["once", "streamed"])
 @pytest.mark.parametrize("kind", OPENAI_AGENTS)
-def test_openai_agents_runs_a_tool_call(served, kind, stream):
-    model, server = served
+def test_openai_agents_runs_a_tool_call(scripted_served, kind, stream):
+    model, server = scripted_served
     model.replies[:] = [CALL, FINAL]
     seen: list[str] = []
     text, _ = asyncio.run(_agents_run(kind, server.url, tools=[_weather_tool(seen)],
@@ -108,10 +98,10 @@ def test_openai_agents_runs_a_tool_call(served, kind, stream):
     assert "<tool_response>\nsunny in Paris\n</tool_response>" in model.prompts[-1]
 
 
-def test_openai_agents_chains_turns_by_previous_response_id(served, monkeypatch):
+def test_openai_agents_chains_turns_by_previous_response_id(scripted_served, monkeypatch):
     """``auto_previous_response_id``: the second model call sends only the tool's output and
     the id of the first response; the server supplies the rest from its store."""
-    model, server = served
+    model, server = scripted_served
     store = server.app.state.responses
     looked_up: list[str] = []
     get = store.get
@@ -188,8 +178,8 @@ async def _pydantic_agent_run(model, *, seen=None, output_type=str, stream=False
 
 
 @pytest.mark.parametrize("kind", PYDANTIC_AI)
-def test_pydantic_ai_chat_and_stream(served, kind):
-    model, server = served
+def test_pydantic_ai_chat_and_stream(scripted_served, kind):
+    model, server = scripted_served
     model.replies[:] = ["Hello there.", "Hello again."]
     text, _ = asyncio.run(_pydantic_run(kind, server.url))
     assert text == "Hello there."
@@ -199,8 +189,8 @@ def test_pydantic_ai_chat_and_stream(served, kind):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["once", "streamed"])
 @pytest.mark.parametrize("kind", PYDANTIC_AI)
-def test_pydantic_ai_runs_a_tool_call(served, kind, stream):
-    model, server = served
+def test_pydantic_ai_runs_a_tool_call(scripted_served, kind, stream):
+    model, server = scripted_served
     model.replies[:] = [CALL, FINAL]
     seen: list[str] = []
     text, _ = asyncio.run(_pydantic_run(kind, server.url, seen=seen, stream=stream))

@@ -13,8 +13,6 @@ import pytest
 
 from engine.server.responses_api import ResponseStore
 from engine.server.responses_items import input_messages
-from engine.server.runner import start_server
-from tests.server.fakes import ScriptedModel
 from tests.server.test_toolcalls import QWEN35, TOOLS
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,28 +25,20 @@ PARIS = {"city": "Paris", "days": 3, "metric": True, "hours": [9, 12]}
 THINK = "<think>\nCheck the weather.\n</think>\n\n"
 
 
-@pytest.fixture(scope="module")
-def served():
-    model = ScriptedModel()
-    server = start_server(model, port=0, max_queue=2, max_streams=1)
-    yield model, server
-    server.stop(stop_scheduler=True)
-
-
 @pytest.fixture()
-def oai(served):
+def oai(scripted_served):
     import openai
 
-    with openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0) as c:
+    with openai.OpenAI(base_url=scripted_served[1].url + "/v1", api_key="unused", max_retries=0) as c:
         yield c
 
 
-def _post(served, path: str, body: dict) -> httpx.Response:
-    return httpx.post(served[1].url + path, json=body, timeout=30)
+def _post(scripted_served, path: str, body: dict) -> httpx.Response:
+    return httpx.post(scripted_served[1].url + path, json=body, timeout=30)
 
 
-def test_function_call_then_result_by_previous_response_id(served, oai):
-    model, _ = served
+def test_function_call_then_result_by_previous_response_id(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = [THINK + QWEN35, "Sunny in Paris, rain in New York."]
     r = oai.responses.create(model="scripted-fake", input="Weather in Paris and New York?",
                              tools=RTOOLS, instructions="Be brief.")
@@ -76,8 +66,8 @@ def test_function_call_then_result_by_previous_response_id(served, oai):
     assert "Be brief." not in prompt  # instructions are not carried over (as OpenAI does)
 
 
-def test_result_by_full_input_renders_the_same_prompt(served, oai):
-    model, _ = served
+def test_result_by_full_input_renders_the_same_prompt(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = [QWEN35, "ok", "ok"]
     first = [{"role": "user", "content": "Weather?"}]
     r = oai.responses.create(model="scripted-fake", input=first, tools=RTOOLS, store=False)
@@ -94,8 +84,8 @@ def test_result_by_full_input_renders_the_same_prompt(served, oai):
     assert by_input.count("<function=get_weather>") == 2
 
 
-def test_streamed_events_through_the_sdk_accumulator(served, oai):
-    model, _ = served
+def test_streamed_events_through_the_sdk_accumulator(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = [THINK + QWEN35]
     kinds = []
     with oai.responses.stream(model="scripted-fake", input="Weather?", tools=RTOOLS,
@@ -116,8 +106,8 @@ def test_streamed_events_through_the_sdk_accumulator(served, oai):
     assert final.model_extra["mtp"]["completion_tokens"] == len(THINK + QWEN35)
 
 
-def test_streamed_raw_events_are_numbered_and_text_joins(served, oai):
-    model, _ = served
+def test_streamed_raw_events_are_numbered_and_text_joins(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = ["Plain answer, no tools."]
     events = list(oai.responses.create(model="scripted-fake", input="hi", stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -127,8 +117,8 @@ def test_streamed_raw_events_are_numbered_and_text_joins(served, oai):
     assert events[-1].response.output_text == text and events[-1].response.usage.output_tokens > 0
 
 
-def test_parallel_tool_calls_false_and_max_tool_calls_report_one_call(served, oai):
-    model, _ = served
+def test_parallel_tool_calls_false_and_max_tool_calls_report_one_call(scripted_served, oai):
+    model, _ = scripted_served
     for extra in ({"parallel_tool_calls": False}, {"max_tool_calls": 1}):
         model.replies[:] = [QWEN35]
         r = oai.responses.create(model="scripted-fake", input="Weather?", tools=RTOOLS, **extra)
@@ -139,15 +129,15 @@ def test_parallel_tool_calls_false_and_max_tool_calls_report_one_call(served, oa
     assert len(r.choices[0].message.tool_calls) == 1
 
 
-def test_tool_choice_none_hides_the_tools(served, oai):
-    model, _ = served
+def test_tool_choice_none_hides_the_tools(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = ["no tools"]
     oai.responses.create(model="scripted-fake", input="hi", tools=RTOOLS, tool_choice="none")
     assert "get_weather" not in model.prompts[-1]
 
 
-def test_max_output_tokens_makes_it_incomplete_and_mtp_headers(served, oai):
-    model, _ = served
+def test_max_output_tokens_makes_it_incomplete_and_mtp_headers(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = ["A long reply that will be cut."]
     raw = oai.responses.with_raw_response.create(model="scripted-fake", input="hi",
                                                  max_output_tokens=5)
@@ -158,15 +148,15 @@ def test_max_output_tokens_makes_it_incomplete_and_mtp_headers(served, oai):
     assert model.calls[-1]["max_tokens"] == 5
 
 
-def test_mtp_extension_sets_the_depth(served, oai):
-    model, _ = served
+def test_mtp_extension_sets_the_depth(scripted_served, oai):
+    model, _ = scripted_served
     oai.responses.create(model="scripted-fake", input="hi", extra_body={"mtp": {"depth": 0}})
     assert model.calls[-1]["depth"] == 0
-    r = _post(served, "/v1/responses", {"input": "hi", "mtp": {"depth": 9}})
+    r = _post(scripted_served, "/v1/responses", {"input": "hi", "mtp": {"depth": 9}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "mtp.depth"
 
 
-def test_retrieve_and_delete(served, oai):
+def test_retrieve_and_delete(scripted_served, oai):
     r = oai.responses.create(model="scripted-fake", input="hi")
     assert oai.responses.retrieve(r.id).output_text == r.output_text
     oai.responses.delete(r.id)
@@ -175,10 +165,10 @@ def test_retrieve_and_delete(served, oai):
     assert err.value.status_code == 404
 
 
-def test_engine_failure_is_a_500_and_the_server_keeps_serving(served, oai):
-    model, _ = served
+def test_engine_failure_is_a_500_and_the_server_keeps_serving(scripted_served, oai):
+    model, _ = scripted_served
     model.replies[:] = ["FAIL"]
-    r = _post(served, "/v1/responses", {"input": "hi"})
+    r = _post(scripted_served, "/v1/responses", {"input": "hi"})
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     model.replies[:] = ["ok"]
     assert oai.responses.create(model="scripted-fake", input="still there?").output_text == "ok"
@@ -244,8 +234,8 @@ RESPONSES_400 = [
 
 
 @pytest.mark.parametrize("extra,param", RESPONSES_400, ids=[p for _, p in RESPONSES_400])
-def test_responses_refuses_what_it_would_ignore(served, extra, param):
-    r = _post(served, "/v1/responses", {"model": "scripted-fake", "input": "hi", **extra})
+def test_responses_refuses_what_it_would_ignore(scripted_served, extra, param):
+    r = _post(scripted_served, "/v1/responses", {"model": "scripted-fake", "input": "hi", **extra})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
@@ -263,16 +253,16 @@ CHAT_400 = [({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
 
 
 @pytest.mark.parametrize("extra,param", CHAT_400, ids=[p for _, p in CHAT_400])
-def test_chat_refuses_what_it_would_ignore(served, extra, param):
-    r = _post(served, "/v1/chat/completions",
+def test_chat_refuses_what_it_would_ignore(scripted_served, extra, param):
+    r = _post(scripted_served, "/v1/chat/completions",
               {"model": "scripted-fake", "messages": [{"role": "user", "content": "hi"}], **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
 
 
-def test_completions_refuse_best_of_echo_suffix(served):
+def test_completions_refuse_best_of_echo_suffix(scripted_served):
     for extra in ({"best_of": 3}, {"echo": True}, {"suffix": "end"}):
-        r = _post(served, "/v1/completions", {"prompt": "x", **extra})
+        r = _post(scripted_served, "/v1/completions", {"prompt": "x", **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
 
 
@@ -291,10 +281,10 @@ ANTHROPIC_400 = [({"container": "c1"}, "container"),
 
 
 @pytest.mark.parametrize("extra,param", ANTHROPIC_400, ids=[p for _, p in ANTHROPIC_400])
-def test_anthropic_refuses_what_it_would_ignore(served, extra, param):
+def test_anthropic_refuses_what_it_would_ignore(scripted_served, extra, param):
     body = {"model": "claude-x", "max_tokens": 20,
             "messages": [{"role": "user", "content": "hi"}], **extra}
-    r = _post(served, "/v1/messages", body)
+    r = _post(scripted_served, "/v1/messages", body)
     assert r.status_code == 400, r.text
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
@@ -322,10 +312,10 @@ def test_anthropic_clear_thinking_edit_is_applied():
     assert thoughts(None) == [False, False, True]  # Anthropic's default: keep 1 turn
 
 
-def test_anthropic_single_tool_use_and_adaptive_thinking(served):
+def test_anthropic_single_tool_use_and_adaptive_thinking(scripted_served):
     import anthropic
 
-    model, server = served
+    model, server = scripted_served
     tools = [{"name": "get_weather", "description": "w",
               "input_schema": TOOLS[0]["function"]["parameters"]}]
     model.replies[:] = [QWEN35]
@@ -337,10 +327,10 @@ def test_anthropic_single_tool_use_and_adaptive_thinking(served):
     assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.stop_reason == "tool_use"
 
 
-def test_a_codex_shaped_streamed_request(served):
+def test_a_codex_shaped_streamed_request(scripted_served):
     """The fields Codex CLI sends (store off, encrypted reasoning asked for, a summary, one call
     at a time, a cache key), read raw from the SSE stream."""
-    model, server = served
+    model, server = scripted_served
     model.replies[:] = [THINK + QWEN35]
     body = {"model": "gpt-5-codex", "instructions": "You are a coding agent.", "stream": True,
             "input": [{"type": "message", "role": "user",
