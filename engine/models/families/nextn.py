@@ -99,6 +99,7 @@ class NextNFamily(Family):
         mtp_raw = {k: v for k, v in weights.items() if k in nextn or k.startswith("mtp.")}
         trunk = self.build_trunk(cfg)
         raw_layout = bool(nextn) or any(".mlp.experts.0." in k for k in weights)
+        check_expert_shapes(weights)
         try:
             trunk_w = trunk.sanitize({k: v for k, v in weights.items() if k not in mtp_raw})
         except Exception as exc:  # noqa: BLE001
@@ -192,3 +193,20 @@ class NextNFamily(Family):
     def draft_logits(self, text_model, mtp, out):
         return text_model.lm_head(mtp.shared_head.norm(out))
 
+
+
+def check_expert_shapes(weights: dict) -> None:
+    """Per-expert tensors of one layer are stacked, so each must have its expert 0's shape:
+    the first that does not is named (a stacking error would not say which)."""
+    first: dict[str, tuple] = {}
+    for k, v in weights.items():
+        parts = k.split(".")
+        if "experts" not in parts or not parts[parts.index("experts") + 1].isdigit():
+            continue
+        i = parts.index("experts")
+        slot = ".".join(parts[:i + 1] + parts[i + 2:])
+        shape = tuple(v.shape)
+        if first.setdefault(slot, shape) != shape:
+            raise ModelLoadError(
+                f"{k} has shape {list(shape)}, unlike the layer's other experts "
+                f"({list(first[slot])}): the checkpoint is corrupt. Re-download the model.")

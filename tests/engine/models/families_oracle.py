@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+torch.set_num_threads(1)  # tiny shapes: threads only contend with the other test processes
+
 TORCH_CLASSES = {
     "glm4_moe": ("transformers.models.glm4_moe.configuration_glm4_moe.Glm4MoeConfig",
                  "transformers.models.glm4_moe.modeling_glm4_moe.Glm4MoeForCausalLM"),
