@@ -22,7 +22,7 @@ FAMILIES = ("glm4_moe", "deepseek_v3")
 
 
 def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers: int = 3,
-                nextn: int = 1) -> dict:
+                nextn: int = 1, **extra) -> dict:
     common = {
         "vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 2 * hidden,
         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -36,12 +36,13 @@ def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers:
     if family == "glm4_moe":
         return dict(common, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"],
                     head_dim=16, partial_rotary_factor=0.5, use_qk_norm=True,
-                    attention_bias=True, n_group=1, topk_group=1)
+                    attention_bias=True, n_group=1, topk_group=1) | extra
     if family == "deepseek_v3":
         return dict(common, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
                     num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
                     qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=2,
-                    topk_group=1, moe_layer_freq=1, attention_bias=False, rms_norm_eps=1e-6)
+                    topk_group=1, moe_layer_freq=1, attention_bias=False,
+                    rms_norm_eps=1e-6) | extra
     raise ValueError(family)
 
 
@@ -140,3 +141,23 @@ def build_tiny_family(out: str | Path, family: str, *, seed: int = 0, with_mtp: 
         {"eos_token_id": [ids["<|im_end|>"]], "do_sample": False}))
     save_sharded(out, tiny_family_weights(cfg, seed=seed, with_mtp=with_mtp), shards=shards)
     return out
+
+
+# Small realistic shapes for ``engine bench --replay`` on this CPU (a GLM-4.5-Air / DeepSeek-V3
+# layer scaled down: the same kinds of blocks, 16 experts, a 32k vocabulary; ~0.3 B params).
+BENCH_SHAPES = {
+    "glm4_moe": dict(vocab_size=32768, hidden=1024, layers=8, intermediate_size=2816,
+                     moe_intermediate_size=512, n_routed_experts=16, num_experts_per_tok=4,
+                     num_attention_heads=8, num_key_value_heads=2, head_dim=128),
+    "deepseek_v3": dict(vocab_size=32768, hidden=1024, layers=8, intermediate_size=2816,
+                        moe_intermediate_size=512, n_routed_experts=16, num_experts_per_tok=4,
+                        num_attention_heads=8, num_key_value_heads=8, q_lora_rank=384,
+                        kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
+                        v_head_dim=64, n_group=4, topk_group=2),
+}
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_tiny_family(sys.argv[2], sys.argv[1], **BENCH_SHAPES[sys.argv[1]]))

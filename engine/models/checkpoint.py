@@ -459,8 +459,15 @@ def has_mtp(tensors) -> bool:
 def nextn_names(cfg: ModelConfig, names) -> list[str]:
     """The tensors of DeepSeek-style "nextn" MTP layers, stored as the layers after the last
     (``model.layers.{num_hidden_layers}.*``, GLM-4.x MoE and DeepSeek-V3)."""
-    first = f"model.layers.{int(cfg.text['num_hidden_layers'])}."
-    return [n for n in names if n.startswith(first)]
+    return nextn_in(cfg.text, names)
+
+
+def nextn_in(text: dict, names) -> list[str]:
+    """``nextn_names`` for a text config not yet validated (the hub's inspection)."""
+    n = text.get("num_hidden_layers")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return []
+    return [k for k in names if k.startswith(f"model.layers.{n}.")]
 
 
 def layout(tensors: dict) -> str | None:

@@ -259,3 +259,25 @@ def test_no_nextn_layer_loads_for_plain_decoding_with_a_note(family, tmp_path):
     model = engine.load(build_tiny_family(tmp_path / "m", family, with_mtp=False))
     assert not model.info.has_mtp and model.mtp is None
     assert "nextn" in model.info.notes[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_quantized_conversion_keeps_an_8_bit_head_and_stays_exact(family, folders, tmp_path):
+    from engine.models.convert import convert
+
+    model = engine.load(convert(folders[family], tmp_path / "q4", bits=4, group_size=32))
+    assert model.info.has_mtp and model.info.quantization["bits"] == 4
+    assert model.mtp.eh_proj.bits == 8  # the head at >= 8 bits (MTP_SPEC §2)
+    for p in prompts(2, seed=45):
+        base = _tokens(model, p, depth=0, n=12)
+        assert _tokens(model, p, depth=3, n=12) == base
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inspect_sees_the_nextn_head_and_its_memory(family, folders):
+    from engine.hub.inspection import inspect_local
+
+    report = inspect_local(folders[family])
+    assert report["family"] == family and report["supported"] and report["can_speculate"]
+    assert report["mtp_layers"] == 1 and report["layout"] == "hf"
+    assert report["memory_needed_bytes"] > report["weight_bytes"]
