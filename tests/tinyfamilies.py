@@ -18,7 +18,8 @@ import numpy as np
 
 from tests.tinymodels import save_sharded, write_tokenizer
 
-FAMILIES = ("glm4_moe", "deepseek_v3")
+FAMILIES = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")
+MLA = ("deepseek_v3", "glm4_moe_lite")
 
 
 def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers: int = 3,
@@ -37,12 +38,15 @@ def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers:
         return dict(common, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"],
                     head_dim=16, partial_rotary_factor=0.5, use_qk_norm=True,
                     attention_bias=True, n_group=1, topk_group=1) | extra
-    if family == "deepseek_v3":
-        return dict(common, model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
+    if family in MLA:
+        arch = {"deepseek_v3": "DeepseekV3ForCausalLM",
+                "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}[family]
+        return dict(common, model_type=family, architectures=[arch],
                     num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
                     qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=2,
                     topk_group=1, moe_layer_freq=1, attention_bias=False,
-                    rms_norm_eps=1e-6) | extra
+                    rms_norm_eps=1e-6) | ({"n_group": 1} if family == "glm4_moe_lite" else {}) \
+            | extra
     raise ValueError(family)
 
 
@@ -52,7 +56,7 @@ def _normal(rng, shape, scale) -> np.ndarray:
 
 def _attention(rng, cfg: dict, lin, norm) -> None:
     H, nq, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    if cfg["model_type"] == "glm4_moe":
+    if cfg["model_type"] not in MLA:
         hd = cfg["head_dim"]
         for name, n in (("q_proj", nq), ("k_proj", nkv), ("v_proj", nkv)):
             lin(f"self_attn.{name}.weight", n * hd, H, bias=cfg["attention_bias"])
@@ -155,6 +159,7 @@ BENCH_SHAPES = {
                         kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
                         v_head_dim=64, n_group=4, topk_group=2),
 }
+BENCH_SHAPES["glm4_moe_lite"] = dict(BENCH_SHAPES["deepseek_v3"], n_group=1, topk_group=1)
 
 
 if __name__ == "__main__":

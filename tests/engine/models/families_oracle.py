@@ -21,6 +21,9 @@ torch.set_num_threads(1)  # tiny shapes: threads only contend with the other tes
 TORCH_CLASSES = {
     "glm4_moe": ("transformers.models.glm4_moe.configuration_glm4_moe.Glm4MoeConfig",
                  "transformers.models.glm4_moe.modeling_glm4_moe.Glm4MoeForCausalLM"),
+    "glm4_moe_lite": (
+        "transformers.models.glm4_moe_lite.configuration_glm4_moe_lite.Glm4MoeLiteConfig",
+        "transformers.models.glm4_moe_lite.modeling_glm4_moe_lite.Glm4MoeLiteForCausalLM"),
     "deepseek_v3": ("transformers.models.deepseek_v3.configuration_deepseek_v3.DeepseekV3Config",
                     "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3ForCausalLM"),
 }
@@ -89,7 +92,7 @@ class TorchNextN(torch.nn.Module):
         norm = type(trunk.model.norm)
         self.enorm, self.hnorm = norm(h, eps=config.rms_norm_eps), norm(h, eps=config.rms_norm_eps)
         self.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
-        self.layer = type(trunk.model.layers[-1])(config, n)
+        self.layer = type(trunk.model.layers[-1])(_with_nextn_layer(config), n)
         self.shared_head_norm = norm(h, eps=config.rms_norm_eps)
         self.head = torch.nn.Linear(h, config.vocab_size, bias=False)
         self.embed = torch.nn.Embedding(config.vocab_size, h)
@@ -124,6 +127,19 @@ class TorchNextN(torch.nn.Module):
         if isinstance(out, tuple):
             out = out[0]
         return out, self.head(self.shared_head_norm(out))
+
+
+def _with_nextn_layer(config):
+    """``config`` with a per-layer kind for layer n (the nextn layer is sparse, MoE), for
+    modeling files that index ``mlp_layer_types`` by layer (GLM-4.7-Flash)."""
+    import copy
+
+    kinds = getattr(config, "mlp_layer_types", None)
+    if not kinds:
+        return config
+    config = copy.deepcopy(config)
+    config.mlp_layer_types = list(kinds) + ["sparse"]
+    return config
 
 
 def reference_drafts(folder: Path, prompt: list[int], k: int, *, wiring: str = "vllm"):
