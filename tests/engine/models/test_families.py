@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -282,3 +283,16 @@ def test_inspect_sees_the_nextn_head_and_its_memory(family, folders):
     assert report["family"] == family and report["supported"] and report["can_speculate"]
     assert report["mtp_layers"] == 1 and report["layout"] == "hf"
     assert report["memory_needed_bytes"] > report["weight_bytes"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_limit_counts_the_familys_cache(family, models):
+    """KV bytes per token as the family's cache holds them (MLA: latent + rotary key), at
+    2 bytes an element (mlx-lm's args of these families carry no dtype: bf16 assumed)."""
+    from engine.models.prompt_limits import kv_bytes_per_token
+
+    cfg = json.loads((Path(models[family].info.path) / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    want = layers * 2 * ((cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) if "kv_lora_rank" in cfg
+                         else 2 * cfg["num_key_value_heads"] * cfg["head_dim"])
+    assert kv_bytes_per_token(models[family].trunk) == want
