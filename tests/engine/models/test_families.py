@@ -296,3 +296,14 @@ def test_prompt_limit_counts_the_familys_cache(family, models):
     want = layers * 2 * ((cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) if "kv_lora_rank" in cfg
                          else 2 * cfg["num_key_value_heads"] * cfg["head_dim"])
     assert kv_bytes_per_token(models[family].trunk) == want
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_streaming_pull_convert_refuses_in_one_line(family, folders):
+    from engine.hub.stream_convert import ShardConverter
+    from engine.models.convert import ConversionError
+
+    config = json.loads((folders[family] / "config.json").read_text())
+    with pytest.raises(ConversionError, match="engine convert") as err:
+        ShardConverter(config, bits=4, group_size=64)
+    assert "\n" not in str(err.value) and family in str(err.value)
