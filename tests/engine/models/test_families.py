@@ -35,8 +35,6 @@ from tests.tinyfamilies import FAMILIES, build_tiny_family
 from tests.tinymodels import build_tiny_model
 
 ALL = ("qwen3_5",) + FAMILIES
-# Qwen3.5 has its own full suites (test_decode, test_batching): here once, slow
-ALL_PARAMS = [pytest.param("qwen3_5", marks=pytest.mark.slow), *FAMILIES]
 N_SAMPLES = 600
 
 
@@ -130,7 +128,7 @@ def test_oracle_detects_wiring_mistakes(family, mistake, folders, models):
 
 # --------------------------------------------------------------------------- exactness
 
-@pytest.mark.parametrize("family", ALL_PARAMS)
+@pytest.mark.parametrize("family", ALL)
 def test_greedy_depths_1_to_4_equal_depth_0(family, models):
     model = models[family]
     for p in prompts(2, seed=42):
@@ -141,7 +139,7 @@ def test_greedy_depths_1_to_4_equal_depth_0(family, models):
         assert _tokens(model, p, depth=4, n=16, drafter=ReplayDrafter(base)) == base
 
 
-@pytest.mark.parametrize("family", ALL_PARAMS)
+@pytest.mark.parametrize("family", ALL)
 def test_streams_equal_batched_and_alone(family, models):
     model = models[family]
     # "auto" depth picks by measured time, so only greedy output is depth-independent
@@ -160,7 +158,7 @@ def test_streams_equal_batched_and_alone(family, models):
             assert got[s.id] == ref, (sp.temperature, s.depth)
 
 
-@pytest.mark.parametrize("family", ALL_PARAMS)
+@pytest.mark.parametrize("family", ALL)
 def test_every_row_matches_a_fresh_decode_after_each_commit(family, models):
     model = models[family]
     carryover_of(model).reset_prompt_cache()
