@@ -94,15 +94,12 @@ def replay_logits(model, ids: list[int], tokens: list[int], position: int) -> np
     """Depth 0 replayed on a fresh cache: the prompt in one prefill forward, then one-token
     steps over ``tokens[:position]``; the float32 view of the logits predicting
     ``tokens[position]``."""
-    from engine.models.trunk import forward_hidden, lm_head
-
-    tm = model.text_model
-    cache = model.trunk.make_cache()
-    h, _ = forward_hidden(tm, mx.array([ids]), cache)
+    cache = model.make_cache()
+    h, _ = model.forward_hidden(mx.array([ids]), cache)
     h = h[:, -1:]
     for t in tokens[:position]:
-        h, _ = forward_hidden(tm, mx.array([[t]]), cache)
-    return np.array(lm_head(tm, h)[0, -1].astype(mx.float32))
+        h, _ = model.forward_hidden(mx.array([[t]]), cache)
+    return np.array(model.lm_head(h)[0, -1].astype(mx.float32))
 
 
 def explain(model, ids, plain: list[int], d: Divergence) -> None:

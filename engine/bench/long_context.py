@@ -169,7 +169,7 @@ def reopen_bench(path: str, *, tokens: int, texts: list[str], depths: list[int],
 def _disk(model, root: Path, dtype):
     from engine.decoding import diskcache
 
-    return diskcache.from_env(model.info.path, model.info.dtype, model.trunk.make_cache(),
+    return diskcache.from_env(model.info.path, model.info.dtype, model.make_cache(),
                               model.mtp.make_cache() if model.mtp is not None else None,
                               root=root, enabled=True)
 

@@ -39,7 +39,7 @@ class Carryover:
         """A fresh carryover, with the disk cache the environment turns on for ``model``."""
         info = model.info
         disk = diskcache.from_env(
-            info.path, info.dtype, model.trunk.make_cache(),
+            info.path, info.dtype, model.make_cache(),
             model.mtp.make_cache() if model.mtp is not None else None)
         return cls(disk_cache=disk)
 

@@ -31,7 +31,6 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 
 from engine.decoding.rowcache import RowKVCache
 from engine.decoding.session import Session
-from engine.models.trunk import forward_hidden, lm_head
 
 
 @dataclass
@@ -65,7 +64,7 @@ class Batch:
         self.model = model
         self.use_mtp = use_mtp and model.mtp is not None
         self.trunk_cache = [RowKVCache() if isinstance(c, KVCache) else ArraysCache(len(c.cache))
-                            for c in model.trunk.make_cache()]
+                            for c in model.make_cache()]
         self.mtp_cache = [RowKVCache() for _ in model.mtp.make_cache()] if self.use_mtp else None
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
@@ -144,7 +143,7 @@ class Batch:
             s.pending_tok = list(p.tokens)
         s.fed = list(self.fed[b])
         s.last_hidden = self.last_hidden[b:b + 1]
-        s.last_logits = lm_head(self.model.text_model, s.last_hidden[:, -1])
+        s.last_logits = self.model.lm_head(s.last_hidden[:, -1])
         s.mtp_ok = self.tracked[b]
         return s
 
@@ -157,7 +156,7 @@ class Batch:
     def mtp_first(self, x0s: list[int]) -> mx.array:
         """Draft step 1 for every row: its pending pairs plus (last hidden, x0), right-padded;
         returns each row's MTP hidden for x0 [B, 1, H]."""
-        embed = self.model.text_model.model.embed_tokens
+        embed = self.model.embed
         widths = [len(p.tokens) + 1 for p in self.pending]
         width = max(widths)
         hs, toks = [], []
@@ -178,12 +177,12 @@ class Batch:
     def mtp_next(self, out: mx.array, tokens: mx.array) -> mx.array:
         """One more draft step for every row: the head on its own output and the token drafted
         at the step before (``tokens`` [B])."""
-        embed = self.model.text_model.model.embed_tokens
+        embed = self.model.embed
         self._spec_mtp += 1
         return self.model.mtp(out, embed(tokens.reshape(-1, 1)), self.mtp_cache)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        return lm_head(self.model.text_model, hidden)
+        return self.model.draft_logits(hidden)
 
     def undo_draft(self) -> None:
         """Forget this cycle's head steps (the cycle will not be verified)."""
@@ -196,9 +195,9 @@ class Batch:
     def verify(self, inputs: mx.array) -> BatchVerified:
         """ONE trunk forward over ``inputs`` [B, S] (each row's x0, drafts, padding). With
         S == 1 (no row drafted) nothing is rejected, so mlx-lm's own layers run (no captures)."""
-        tm = self.model.text_model
-        h, caps = forward_hidden(tm, inputs, self.trunk_cache, capture=inputs.shape[1] > 1)
-        return BatchVerified(hidden=h, logits=lm_head(tm, h), captures=caps)
+        h, caps = self.model.forward_hidden(inputs, self.trunk_cache,
+                                            capture=inputs.shape[1] > 1)
+        return BatchVerified(hidden=h, logits=self.model.lm_head(h), captures=caps)
 
     def mark(self) -> list:
         """The trunk state before a plain verify (each attention cache's row lengths, each GDN
@@ -294,9 +293,8 @@ def _pad_rows(h: mx.array, n: int) -> mx.array:
 
 def _empty_kv(model, s: Session) -> KVCache:
     """An MTP cache row with no positions yet (shapes from the head's attention)."""
-    attn = model.mtp.layers[0].self_attn
     c = KVCache()
-    shape = (1, attn.num_key_value_heads, 0, attn.head_dim)
-    c.keys = mx.zeros(shape, s.last_hidden.dtype)
-    c.values = mx.zeros(shape, s.last_hidden.dtype)
+    kshape, vshape = model.mtp.kv_shapes()
+    c.keys = mx.zeros((1, kshape[0], 0, kshape[1]), s.last_hidden.dtype)
+    c.values = mx.zeros((1, vshape[0], 0, vshape[1]), s.last_hidden.dtype)
     return c

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from engine.models.trunk import forward_hidden, lm_head
 
 PREFILL_CHUNK = 512
 _lineages = itertools.count(1)
@@ -76,7 +75,7 @@ class Session:
     @classmethod
     def fresh(cls, model, *, use_mtp: bool) -> "Session":
         s = cls(model=model, use_mtp=use_mtp)
-        s.trunk_cache = model.trunk.make_cache()
+        s.trunk_cache = model.make_cache()
         s.mtp_cache = model.mtp.make_cache() if (use_mtp and model.mtp is not None) else None
         s.mtp_ok = s.mtp_cache is not None
         return s
@@ -127,7 +126,7 @@ class Session:
         """Append the pending pairs to the MTP cache (K/V only matter; output discarded)."""
         if self.pending_h is None or not self.pending_tok:
             return
-        emb = self.model.text_model.model.embed_tokens(mx.array(self.pending_tok)[None])
+        emb = self.model.embed(mx.array(self.pending_tok)[None])
         self.model.mtp(self.pending_h, emb, self.mtp_cache)
         self.mtp_rows += len(self.pending_tok)
         self.pending_h, self.pending_tok = None, []
@@ -142,10 +141,10 @@ class Session:
         (every chunk but the last is evaluated before the yield), so a caller can run other
         work between chunks (``engine.decoding.admission``: a joining stream never stalls the batch
         for more than one chunk)."""
-        tm = self.model.text_model
+        model = self.model
         for i in range(0, len(tokens), PREFILL_CHUNK):
             chunk = tokens[i:i + PREFILL_CHUNK]
-            h, _ = forward_hidden(tm, mx.array(chunk)[None], self.trunk_cache)
+            h, _ = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache)
             self._queue_pairs(chunk, h)
             self.last_hidden = h[:, -1:]
             self.fed.extend(chunk)
@@ -154,7 +153,7 @@ class Session:
             if i + PREFILL_CHUNK < len(tokens):
                 mx.eval([c.state for c in self.trunk_cache] + ([self.last_hidden]))
             else:
-                self.last_logits = lm_head(tm, self.last_hidden[:, -1])
+                self.last_logits = model.lm_head(self.last_hidden[:, -1])
             yield i + len(chunk)
 
 

@@ -41,9 +41,13 @@ def _int(d: dict, key: str, default: int = 0) -> int:
 def _cache_estimate(text: dict) -> int:
     """KV cache for CONTEXT_FOR_ESTIMATE tokens + the Gated DeltaNet states (float32)."""
     layers = _int(text, "num_hidden_layers")
-    interval = _int(text, "full_attention_interval", 4)
+    hybrid = _int(text, "linear_num_value_heads") > 0  # Gated DeltaNet + attention
+    interval = _int(text, "full_attention_interval", 4) if hybrid else 1
     full = layers // interval if interval else layers
-    kv = 2 * full * _int(text, "num_key_value_heads") * _int(text, "head_dim")
+    if _int(text, "kv_lora_rank"):  # MLA (DeepSeek-V3): the latent and the rotary key
+        kv = full * (_int(text, "kv_lora_rank") + _int(text, "qk_rope_head_dim"))
+    else:
+        kv = 2 * full * _int(text, "num_key_value_heads") * _int(text, "head_dim")
     kv_bytes = kv * 2 * CONTEXT_FOR_ESTIMATE
     gdn = (layers - full) * _int(text, "linear_num_value_heads") * \
         _int(text, "linear_value_head_dim") * _int(text, "linear_key_head_dim") * 4
@@ -108,7 +112,7 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
     arch, family = _guess_family(config)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     quant = config.get("quantization") if isinstance(config.get("quantization"), dict) else None
-    has_mtp = checkpoint.has_mtp(names)
+    has_mtp = checkpoint.has_mtp(names) or bool(checkpoint.nextn_in(text, names))
     if tensors:
         weight_bytes = checkpoint.weight_bytes(tensors)
         params, estimated = checkpoint.parameters(tensors, quant), False
@@ -121,8 +125,9 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
     reasons = list(notes or []) + blocked
     fix = None
     if supported and not has_mtp:
-        reasons.append("no mtp.* tensors: the model will run but cannot speculate (typical of "
-                       "mlx-community / mlx_lm.convert conversions, which drop the MTP head)")
+        reasons.append("no MTP head (mtp.* tensors or a nextn layer): the model will run but "
+                       "cannot speculate (typical of mlx-community / mlx_lm.convert "
+                       "conversions, which drop the MTP head)")
         fix = CONVERT_HINT.format(repo=_official_repo_guess(repo_id, config))
     mem = memory_needed(weight_bytes, text)
     return {
@@ -130,7 +135,8 @@ def analyse(config: dict, *, names: list[str], tensors: dict | None, total_bytes
         "model_type": config.get("model_type"), "layout": checkpoint.layout(tensors or {}),
         "parameters": params, "parameters_estimated": estimated, "bytes": total_bytes,
         "weight_bytes": weight_bytes, "quantization": quant, "has_mtp": has_mtp,
-        "mtp_layers": _int(text, "mtp_num_hidden_layers") if has_mtp else 0,
+        "mtp_layers": (_int(text, "mtp_num_hidden_layers")
+                       or _int(text, "num_nextn_predict_layers")) if has_mtp else 0,
         "memory_needed_bytes": mem, "supported": supported, "can_speculate": supported and has_mtp,
         "reasons": reasons, "fix": fix,
         "machine": machine_verdict(mem, active_bytes=active_bytes(tensors, text, weight_bytes)),
@@ -172,7 +178,8 @@ def machine_verdict(memory_bytes: int, *, total_memory: int | None = None,
 
 def active_bytes(tensors: dict | None, text: dict, weight_bytes: int) -> int:
     """Bytes a decode step reads: every text weight, MoE experts scaled by top-k / experts."""
-    experts, k = _int(text, "num_experts"), _int(text, "num_experts_per_tok")
+    experts = _int(text, "num_experts") or _int(text, "n_routed_experts")
+    k = _int(text, "num_experts_per_tok")
     if not tensors or not experts or not k:
         return weight_bytes
     total = 0.0

@@ -24,7 +24,7 @@ from engine.hub.client import DownloadResult, RemoteFile
 from engine.hub.download import Cancelled, Downloader
 from engine.hub.store import MARKER_DIR, model_name, write_json_atomic
 from engine.models.checkpoint import parse_config, read_json
-from engine.models.convert import COPY_FILES, MTP_MIN_BITS, check_options
+from engine.models.convert import COPY_FILES, MTP_MIN_BITS, ConversionError, check_options
 from engine.paths import folder_size
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ STATE_FILE = "stream_convert.json"
 NORM_SUFFIXES = (".input_layernorm.weight", ".post_attention_layernorm.weight",
                  "model.norm.weight", ".q_norm.weight", ".k_norm.weight")
 DEFERRED_SHARD = "model-deferred.safetensors"
+STREAMED_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # the renames below are Qwen3.5's
 
 
 def _is_deferred(key: str) -> bool:
@@ -57,6 +58,10 @@ class ShardConverter:
 
         check_options(bits, group_size)
         self.cfg = parse_config(config)
+        if self.cfg.family not in STREAMED_FAMILIES:
+            raise ConversionError(
+                f"pull --convert streams Qwen3.5/3.6 checkpoints only, not {self.cfg.family}: "
+                "pull without --convert, then run `engine convert` on the folder.")
         self.bits, self.group_size = bits, group_size
         self.tied = bool(self.cfg.text.get("tie_word_embeddings",
                                            config.get("tie_word_embeddings", False)))

@@ -26,29 +26,32 @@ MAX_MESSAGE = 400
 
 @dataclass(frozen=True)
 class Built:
-    trunk: object                 # mlx_lm.models.qwen3_5[_moe].Model
-    mtp: object | None            # engine.models.mtp.MTPHead
+    trunk: object                 # the family's mlx-lm Model
+    mtp: object | None            # the family's MTP head module
     trunk_weights: dict
     raw_layout: bool
     mtp_layers: int
     notes: tuple[str, ...]
 
 
-def _short(exc: BaseException) -> str:
+def short_error(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
 
 
 def build(cfg: ModelConfig, weights: dict) -> Built:
-    """Modules with ``weights`` in place (not evaluated); raises ModelLoadError."""
+    """Modules with ``weights`` in place (not evaluated), built by the checkpoint's family
+    (``engine.models.families``); raises ModelLoadError."""
+    from engine.models import families
+
     try:
-        return _build(cfg, weights)
+        return families.get(cfg.family).build(cfg, weights)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - mlx / mlx-lm raise many kinds on bad checkpoints
         raise ModelLoadError(
             f"The model could not be built from config.json and its weights "
-            f"({type(exc).__name__}: {_short(exc)}). The checkpoint is corrupt or does not "
+            f"({type(exc).__name__}: {short_error(exc)}). The checkpoint is corrupt or does not "
             "match its config.json.") from exc
 
 
@@ -72,74 +75,14 @@ def mtp_key(name: str) -> str:
     return name
 
 
-def _build(cfg: ModelConfig, weights: dict) -> Built:
-    raw_layout = is_raw_hf_layout(weights)
-    weights = {mtp_key(k): v for k, v in weights.items()}
-    mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
-    trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
-    trunk = build_trunk(cfg)
-    try:
-        trunk_w = trunk.sanitize(trunk_raw)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"Unexpected weight layout: {_short(exc)}") from exc
-    if not trunk_w:
-        raise ModelLoadError("The checkpoint holds no trunk weights.")
-    if cfg.quantization:
-        _quantize(trunk, trunk_w, cfg.quantization)
-    _apply(trunk, trunk_w, "trunk")
-    if not mtp_raw:
-        note = ("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
-                "drop the MTP head; convert from the official Qwen repo to keep it.")
-        return Built(trunk, None, trunk_w, raw_layout, 0, (note,))
-    mtp, n_mtp = _build_mtp(cfg, mtp_raw, raw_layout)
-    return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, ())
-
-
 def build_trunk(cfg: ModelConfig):
-    """The mlx_lm trunk model for ``cfg`` (dense or MoE family), weights not yet loaded."""
-    from mlx_lm.models import qwen3_5, qwen3_5_moe
+    """The mlx_lm trunk model for ``cfg`` (its family's class), weights not yet loaded."""
+    from engine.models import families
 
-    module = qwen3_5_moe if cfg.family == "qwen3_5_moe" else qwen3_5
-    text = dict(cfg.text)
-    text.setdefault("model_type", cfg.family)
-    args = module.ModelArgs.from_dict({"model_type": cfg.family, "text_config": text})
-    return module.Model(args)
+    return families.get(cfg.family).build_trunk(cfg)
 
 
-def _build_mtp(cfg: ModelConfig, mtp_raw: dict, raw_layout: bool):
-    from mlx_lm.models.qwen3_5 import TextModelArgs
-
-    from engine.models.mtp import MTPHead, sanitize_mtp
-
-    args = TextModelArgs.from_dict(dict(cfg.text))
-    n_mtp = cfg.mtp_layers
-    if n_mtp < 1:
-        layer_ids = [k.split(".")[2] for k in mtp_raw if k.startswith("mtp.layers.")]
-        if not layer_ids or not all(i.isdigit() for i in layer_ids):
-            raise ModelLoadError("The mtp.* tensors have no numbered layers (mtp.layers.N).")
-        n_mtp = 1 + max(int(i) for i in layer_ids)
-    mtp = MTPHead(args, num_layers=n_mtp)
-    # MTPLX packs keep Qwen's zero-centred MTP norms beside an MLX trunk: the pack says so.
-    shift = raw_layout if cfg.mtp_norms is None else cfg.mtp_norms == "zero-centred"
-    mtp_w = sanitize_mtp(mtp_raw, shift_norms=shift)
-    quant = _mtp_quant(cfg)
-    if quant:
-        _quantize(mtp, {f"mtp.{k}": v for k, v in mtp_w.items()}, quant, "mtp.")
-    _apply(mtp, mtp_w, "MTP head")
-    return mtp, n_mtp
-
-
-def _mtp_quant(cfg: ModelConfig) -> dict | None:
-    """The MTP head's packing: its own record (MTPLX), else the model's, with per-layer
-    overrides named under any MTP alias (``language_model.mtp.fc`` -> ``mtp.fc``)."""
-    base = cfg.mtp_quantization or cfg.quantization
-    if not base:
-        return None
-    per = {mtp_key(k): v for k, v in (cfg.quantization or {}).items() if isinstance(v, dict)}
-    return {**per, "bits": base["bits"], "group_size": base.get("group_size", 64)}
-
-
-def _quantize(module, weights: dict, quant: dict, prefix: str = "") -> None:
+def quantize_like(module, weights: dict, quant: dict, prefix: str = "") -> None:
     import mlx.nn as nn
 
     def predicate(path: str, m) -> bool | dict:
@@ -155,12 +98,12 @@ def _quantize(module, weights: dict, quant: dict, prefix: str = "") -> None:
                 class_predicate=predicate)
 
 
-def _apply(module, weights: dict, what: str) -> None:
+def apply_weights(module, weights: dict, what: str) -> None:
     try:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         raise ModelLoadError(
-            f"The {what} weights do not match config.json: {_short(exc)}. The checkpoint is "
+            f"The {what} weights do not match config.json: {short_error(exc)}. The checkpoint is "
             "corrupt or belongs to a different model size.") from exc
 
 

@@ -26,15 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.models.families import ARCH_FAMILY, NAMES, TYPE_FAMILY
 from engine.paths import inside
 
-ARCH_FAMILY = {
-    "Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5ForCausalLM": "qwen3_5",
-    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe", "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
-}
 SUPPORTED_ARCHS = frozenset(ARCH_FAMILY)
-TYPE_FAMILY = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5",
-               "qwen3_5_moe": "qwen3_5_moe", "qwen3_5_moe_text": "qwen3_5_moe"}
 # safetensors dtype -> bytes per element (only dtypes MLX can load).
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -61,6 +56,10 @@ INT_FIELDS = (
     ("mtp_num_hidden_layers", False, 0, 16), ("num_experts", False, 0, 4096),
     ("num_experts_per_tok", False, 0, 4096), ("moe_intermediate_size", False, 0, 1 << 20),
     ("shared_expert_intermediate_size", False, 0, 1 << 20),
+    ("num_nextn_predict_layers", False, 0, 16), ("n_routed_experts", False, 0, 4096),
+    ("first_k_dense_replace", False, 0, 1024), ("kv_lora_rank", False, 1, 1 << 16),
+    ("qk_rope_head_dim", False, 1, 4096), ("qk_nope_head_dim", False, 1, 4096),
+    ("v_head_dim", False, 1, 4096),
 )
 
 TensorMeta = dict  # {"dtype": str, "shape": list[int], "data_offsets": [int, int]}
@@ -115,7 +114,7 @@ class ModelConfig:
 
     raw: dict
     text: dict
-    family: str  # "qwen3_5" | "qwen3_5_moe"
+    family: str  # a key of engine.models.families.MODULES
     architecture: str
     quantization: dict | None
     # "zero-centred" (raw HF deltas: add 1), "shifted" (already 1 + w), or None: like the trunk.
@@ -124,7 +123,8 @@ class ModelConfig:
 
     @property
     def mtp_layers(self) -> int:
-        return int(self.text.get("mtp_num_hidden_layers") or 0)
+        return int(self.text.get("mtp_num_hidden_layers") or
+                   self.text.get("num_nextn_predict_layers") or 0)
 
     @property
     def mtp_sidecar(self) -> str | None:
@@ -206,8 +206,8 @@ def _family(raw: dict, text: dict) -> tuple[str, str]:
     if not families:
         raise UnsupportedModelError(
             f"Unsupported model type {mtype or '(none)'!r} ({arch or 'no architecture'}). "
-            "MTP Chat runs Qwen3.5 / Qwen3.6 models (dense and MoE) with their MTP heads.")
-    family = "qwen3_5_moe" if "qwen3_5_moe" in families else "qwen3_5"
+            f"MTP Chat runs {NAMES} models with their MTP heads.")
+    family = "qwen3_5_moe" if "qwen3_5_moe" in families else sorted(families)[0]
     if arch and arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
             f"Unsupported architecture {arch!r}. Supported: {', '.join(sorted(SUPPORTED_ARCHS))}.")
@@ -232,8 +232,8 @@ def _check_ints(text: dict) -> None:
     if kv and heads % kv:
         raise ModelLoadError(f"config.json is malformed: 'num_attention_heads' ({heads}) is not "
                              f"a multiple of 'num_key_value_heads' ({kv}).")
-    if text.get("num_experts") and not 1 <= (text.get("num_experts_per_tok") or 0) <= \
-            text["num_experts"]:
+    experts = text.get("num_experts") or text.get("n_routed_experts")
+    if experts and not 1 <= (text.get("num_experts_per_tok") or 0) <= experts:
         raise ModelLoadError("config.json is malformed: 'num_experts_per_tok' must be between 1 "
                              "and 'num_experts'.")
     eps = text.get("rms_norm_eps", 1e-6)
@@ -407,7 +407,7 @@ class Checkpoint:
 
     @property
     def has_mtp(self) -> bool:
-        return has_mtp(self.tensors)
+        return has_mtp(self.tensors) or bool(nextn_names(self.config, self.tensors))
 
     @property
     def layout(self) -> str | None:
@@ -456,6 +456,20 @@ def has_mtp(tensors) -> bool:
     return any(n.startswith(MTP_PREFIXES) for n in tensors)
 
 
+def nextn_names(cfg: ModelConfig, names) -> list[str]:
+    """The tensors of DeepSeek-style "nextn" MTP layers, stored as the layers after the last
+    (``model.layers.{num_hidden_layers}.*``, GLM-4.x MoE and DeepSeek-V3)."""
+    return nextn_in(cfg.text, names)
+
+
+def nextn_in(text: dict, names) -> list[str]:
+    """``nextn_names`` for a text config not yet validated (the hub's inspection)."""
+    n = text.get("num_hidden_layers")
+    if not isinstance(n, int) or isinstance(n, bool):
+        return []
+    return [k for k in names if k.startswith(f"model.layers.{n}.")]
+
+
 def layout(tensors: dict) -> str | None:
     """"hf" (raw Hugging Face: conv1d [C, 1, K]) or "mlx" (converted: [C, K, 1])."""
     names = [n for n in tensors if not is_vision(n)]
@@ -466,6 +480,10 @@ def layout(tensors: dict) -> str | None:
             shape = tensors[n].get("shape") or []
             return "hf" if len(shape) == 3 and shape[1] == 1 and shape[2] != 1 else "mlx"
     if any(n.startswith("language_model.model.") for n in names):
+        return "mlx"
+    if any(".mlp.experts.0." in n for n in names):
+        return "hf"
+    if any(".switch_mlp." in n for n in names):
         return "mlx"
     return None
 

@@ -133,7 +133,9 @@ def _quantize(model, *, bits: int, group_size: int) -> dict:
         nn.quantize(model.mtp, group_size=group_size, bits=head["bits"],
                     class_predicate=lambda p, m: fits(m))
         for name, mod in model.mtp.named_modules():
-            if isinstance(mod, nn.QuantizedLinear):
+            # every packed module (QuantizedLinear, mlx-lm's QuantizedSwitchLinear of MoE
+            # experts): a reader must unpack each at the head's bits, not the trunk's
+            if getattr(mod, "bits", None) and hasattr(mod, "scales"):
                 quant_cfg[f"mtp.{name}"] = dict(head)
     return quant_cfg
 

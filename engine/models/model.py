@@ -28,17 +28,38 @@ class Model:
     """
 
     def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
-        self.trunk = trunk            # mlx_lm.models.qwen3_5.Model
-        self.mtp = mtp                # engine.models.mtp.MTPHead | None
+        from engine.models import families
+
+        self.trunk = trunk            # the family's mlx-lm Model
+        self.mtp = mtp                # the family's MTP head | None
         self.tokenizer = tokenizer
         self.info = info
+        self.family = families.get(info.family)  # engine.models.families.base.Family
         self._kv_bytes: int | None = None
         self.decoder_factory = None   # set on a rank of a cluster (engine.distributed)
         self._prompt_view: PromptView | None = None
 
     @property
     def text_model(self):
-        return self.trunk.language_model
+        return self.family.text_model(self.trunk)
+
+    # -- the family seam, as the decoder calls it (engine.models.families.base.Family) --------
+    def make_cache(self) -> list:
+        return self.family.make_cache(self.trunk)
+
+    def forward_hidden(self, inputs, cache: list, *, capture: bool = False):
+        """(trunk hidden after the final norm, per-step captures) for ``inputs`` [B, S]."""
+        return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture)
+
+    def lm_head(self, h):
+        return self.family.lm_head(self.text_model, h)
+
+    def embed(self, tokens):
+        return self.family.embed(self.text_model, tokens)
+
+    def draft_logits(self, out):
+        """Logits of the MTP head's output ``out``."""
+        return self.family.draft_logits(self.text_model, self.mtp, out)
 
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
@@ -165,6 +186,7 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_KEEP_FP32 = ("A_log", "e_score_correction_bias")  # as mlx-lm keeps them
 
 
 def _cast(built, target) -> None:
@@ -174,9 +196,10 @@ def _cast(built, target) -> None:
     for m in (built.trunk, built.mtp):
         if m is None:
             continue
-        # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log as is.
+        # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log (and
+        # a router's correction bias) as is.
         m.load_weights([(k, v.astype(target)) for k, v in tree_flatten(m.parameters())
-                        if mx.issubdtype(v.dtype, mx.floating) and not k.endswith("A_log")],
+                        if mx.issubdtype(v.dtype, mx.floating) and not k.endswith(_KEEP_FP32)],
                        strict=False)
 
 

@@ -65,6 +65,12 @@ class MTPHead(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]
 
+    def kv_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(heads, dim) of one cache row's keys and of its values."""
+        attn = self.layers[0].self_attn
+        return (attn.num_key_value_heads, attn.head_dim), (attn.num_key_value_heads,
+                                                            attn.head_dim)
+
 
 def sanitize_mtp(weights: dict[str, mx.array], *, shift_norms: bool) -> dict[str, mx.array]:
     """Map ``mtp.*`` checkpoint tensors to MTPHead parameter names (without the prefix).

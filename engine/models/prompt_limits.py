@@ -158,6 +158,8 @@ def kv_bytes_per_token(trunk) -> int:
     head_dim = num("head_dim") or (num("hidden_size") // max(num("num_attention_heads", 1), 1))
     dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     width = 4 if "32" in dtype else 2
+    if num("kv_lora_rank"):  # MLA (DeepSeek-V3, GLM-4.7-Flash): the latent and rotary key
+        return full * (num("kv_lora_rank") + num("qk_rope_head_dim")) * width
     return 2 * full * heads * head_dim * width
 
 

@@ -13,13 +13,12 @@ import mlx.core as mx
 
 from engine.decoding.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
 from engine.decoding.session import Session
-from engine.models.trunk import forward_hidden, lm_head
 from engine.sampling import exact as sampling, grammar
 
 
 def _head(session: Session, hidden: mx.array, tokens: mx.array) -> mx.array:
     model = session.model
-    emb = model.text_model.model.embed_tokens(tokens)
+    emb = model.embed(tokens)
     return model.mtp(hidden, emb, session.mtp_cache)
 
 
@@ -34,7 +33,7 @@ def head_draft(session: Session, request: DraftRequest, mode: str = "filtered") 
     keys = sampling.split_key(request.key, k) if not params.greedy else [None] * k
     drafts, qs, host = [], [], []
     for j in range(k):
-        logits = lm_head(s.model.text_model, out[:, -1])
+        logits = s.model.draft_logits(out[:, -1])
         if request.allowed is not None:
             logits = grammar.masked(logits, request.allowed(host))
         d, q = pick_draft(logits, params, draft_counts(request.counts, drafts), keys[j], mode)
@@ -50,7 +49,6 @@ def head_draft(session: Session, request: DraftRequest, mode: str = "filtered") 
 
 def plain_step(session: Session, token: int) -> mx.array:
     """Feed ``token`` to the session's trunk and return the next logits [1, V]."""
-    tm = session.model.text_model
-    h, _ = forward_hidden(tm, mx.array([[token]]), session.trunk_cache)
+    h, _ = session.model.forward_hidden(mx.array([[token]]), session.trunk_cache)
     session.fed.append(token)
-    return lm_head(tm, h)[:, -1]
+    return session.model.lm_head(h)[:, -1]

@@ -1,0 +1,109 @@
+"""Qwen3.5 / Qwen3.6 (``qwen3_5``, ``qwen3_5_moe``): Gated DeltaNet + gated attention trunk
+(mlx-lm's ``qwen3_5`` / ``qwen3_5_moe``), the MTP head of MTP_SPEC §2 (``engine.models.mtp``),
+the verify forward that captures every GDN step (``engine.models.trunk``).
+"""
+from __future__ import annotations
+
+from engine.errors import ModelLoadError
+from engine.models import trunk as trunk_ops
+from engine.models.build import (Built, apply_weights, is_raw_hf_layout, mtp_key,
+                                 quantize_like, short_error, stack_per_expert)
+from engine.models.checkpoint import has_mtp
+from engine.models.families.base import Family
+
+
+class Qwen35(Family):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def has_mtp(self, cfg, names) -> bool:
+        return has_mtp(names)
+
+    def build(self, cfg, weights: dict) -> Built:
+        return build_qwen(cfg, weights)
+
+    def build_trunk(self, cfg):
+        return build_trunk(cfg)
+
+    def text_model(self, trunk):
+        return trunk.language_model
+
+    def make_cache(self, trunk) -> list:
+        return trunk.make_cache()
+
+    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False):
+        return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture)
+
+    def lm_head(self, text_model, h):
+        return trunk_ops.lm_head(text_model, h)
+
+
+def family(name: str) -> Family:
+    return Qwen35(name)
+
+
+def build_qwen(cfg, weights: dict) -> Built:
+    raw_layout = is_raw_hf_layout(weights)
+    weights = {mtp_key(k): v for k, v in weights.items()}
+    mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
+    trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
+    trunk = build_trunk(cfg)
+    try:
+        trunk_w = trunk.sanitize(trunk_raw)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"Unexpected weight layout: {short_error(exc)}") from exc
+    if not trunk_w:
+        raise ModelLoadError("The checkpoint holds no trunk weights.")
+    if cfg.quantization:
+        quantize_like(trunk, trunk_w, cfg.quantization)
+    apply_weights(trunk, trunk_w, "trunk")
+    if not mtp_raw:
+        note = ("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
+                "drop the MTP head; convert from the official Qwen repo to keep it.")
+        return Built(trunk, None, trunk_w, raw_layout, 0, (note,))
+    mtp, n_mtp = _build_mtp(cfg, mtp_raw, raw_layout)
+    return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, ())
+
+
+def build_trunk(cfg):
+    """The mlx_lm trunk model for ``cfg`` (dense or MoE family), weights not yet loaded."""
+    from mlx_lm.models import qwen3_5, qwen3_5_moe
+
+    module = qwen3_5_moe if cfg.family == "qwen3_5_moe" else qwen3_5
+    text = dict(cfg.text)
+    text.setdefault("model_type", cfg.family)
+    args = module.ModelArgs.from_dict({"model_type": cfg.family, "text_config": text})
+    return module.Model(args)
+
+
+def _build_mtp(cfg, mtp_raw: dict, raw_layout: bool):
+    from mlx_lm.models.qwen3_5 import TextModelArgs
+
+    from engine.models.mtp import MTPHead, sanitize_mtp
+
+    args = TextModelArgs.from_dict(dict(cfg.text))
+    n_mtp = cfg.mtp_layers
+    if n_mtp < 1:
+        layer_ids = [k.split(".")[2] for k in mtp_raw if k.startswith("mtp.layers.")]
+        if not layer_ids or not all(i.isdigit() for i in layer_ids):
+            raise ModelLoadError("The mtp.* tensors have no numbered layers (mtp.layers.N).")
+        n_mtp = 1 + max(int(i) for i in layer_ids)
+    mtp = MTPHead(args, num_layers=n_mtp)
+    # MTPLX packs keep Qwen's zero-centred MTP norms beside an MLX trunk: the pack says so.
+    shift = raw_layout if cfg.mtp_norms is None else cfg.mtp_norms == "zero-centred"
+    mtp_w = sanitize_mtp(mtp_raw, shift_norms=shift)
+    quant = _mtp_quant(cfg)
+    if quant:
+        quantize_like(mtp, {f"mtp.{k}": v for k, v in mtp_w.items()}, quant, "mtp.")
+    apply_weights(mtp, mtp_w, "MTP head")
+    return mtp, n_mtp
+
+
+def _mtp_quant(cfg) -> dict | None:
+    """The MTP head's packing: its own record (MTPLX), else the model's, with per-layer
+    overrides named under any MTP alias (``language_model.mtp.fc`` -> ``mtp.fc``)."""
+    base = cfg.mtp_quantization or cfg.quantization
+    if not base:
+        return None
+    per = {mtp_key(k): v for k, v in (cfg.quantization or {}).items() if isinstance(v, dict)}
+    return {**per, "bits": base["bits"], "group_size": base.get("group_size", 64)}

@@ -1,0 +1,168 @@
+"""Tiny random checkpoints of the nextn MTP families in their raw Hugging Face layouts.
+
+``build_tiny_family(out, "glm4_moe")`` writes what zai-org publishes for GLM-4.5 (and
+``"deepseek_v3"`` what deepseek-ai publishes for DeepSeek-V3, without the fp8 packing):
+``Glm4MoeForCausalLM`` / ``DeepseekV3ForCausalLM`` config, per-expert MoE tensors, the router's
+``e_score_correction_bias``, and the nextn MTP layer as ``model.layers.{num_hidden_layers}.*``
+with ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` and byte copies of the embedding and
+LM head (``embed_tokens``, ``shared_head.head``). Norms are plain RMSNorm weights (scale = w).
+Weights are drawn with numpy from a seed, with the LM head scaled so logits are a few units
+(float32 greedy near-ties are rare, parity is measured, not rounding). Safetensors only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.tinymodels import save_sharded, write_tokenizer
+
+FAMILIES = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")
+MLA = ("deepseek_v3", "glm4_moe_lite")
+
+
+def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers: int = 3,
+                nextn: int = 1, **extra) -> dict:
+    common = {
+        "vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "moe_intermediate_size": hidden // 2, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "rope_scaling": None, "max_position_embeddings": 4096, "hidden_act": "silu",
+        "tie_word_embeddings": False, "num_nextn_predict_layers": nextn,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid", "dtype": "float32",
+    }
+    if family == "glm4_moe":
+        return dict(common, model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"],
+                    head_dim=16, partial_rotary_factor=0.5, use_qk_norm=True,
+                    attention_bias=True, n_group=1, topk_group=1) | extra
+    if family in MLA:
+        arch = {"deepseek_v3": "DeepseekV3ForCausalLM",
+                "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}[family]
+        return dict(common, model_type=family, architectures=[arch],
+                    num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                    qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=2,
+                    topk_group=1, moe_layer_freq=1, attention_bias=False,
+                    rms_norm_eps=1e-6) | ({"n_group": 1} if family == "glm4_moe_lite" else {}) \
+            | extra
+    raise ValueError(family)
+
+
+def _normal(rng, shape, scale) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+
+def _attention(rng, cfg: dict, lin, norm) -> None:
+    H, nq, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    if cfg["model_type"] not in MLA:
+        hd = cfg["head_dim"]
+        for name, n in (("q_proj", nq), ("k_proj", nkv), ("v_proj", nkv)):
+            lin(f"self_attn.{name}.weight", n * hd, H, bias=cfg["attention_bias"])
+        lin("self_attn.o_proj.weight", H, nq * hd)
+        norm("self_attn.q_norm.weight", hd)
+        norm("self_attn.k_norm.weight", hd)
+        return
+    r, rope, nope, v = (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"],
+                        cfg["v_head_dim"])
+    lin("self_attn.q_a_proj.weight", cfg["q_lora_rank"], H)
+    norm("self_attn.q_a_layernorm.weight", cfg["q_lora_rank"])
+    lin("self_attn.q_b_proj.weight", nq * (nope + rope), cfg["q_lora_rank"])
+    lin("self_attn.kv_a_proj_with_mqa.weight", r + rope, H)
+    norm("self_attn.kv_a_layernorm.weight", r)
+    lin("self_attn.kv_b_proj.weight", nq * (nope + v), r)
+    lin("self_attn.o_proj.weight", H, nq * v)
+
+
+def _layer(rng, cfg: dict, prefix: str, *, moe: bool) -> dict[str, np.ndarray]:
+    H = cfg["hidden_size"]
+    t: dict[str, np.ndarray] = {}
+
+    def lin(name, out_dim, in_dim, *, bias=False, gain=1.0):
+        t[f"{prefix}.{name}"] = _normal(rng, (out_dim, in_dim), gain / np.sqrt(in_dim))
+        if bias:
+            t[f"{prefix}.{name[:-len('weight')]}bias"] = _normal(rng, (out_dim,), 0.1)
+
+    def norm(name, dim):  # plain RMSNorm: scale = w
+        t[f"{prefix}.{name}"] = (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+
+    norm("input_layernorm.weight", H)
+    norm("post_attention_layernorm.weight", H)
+    _attention(rng, cfg, lin, norm)
+    if not moe:
+        I = cfg["intermediate_size"]
+        lin("mlp.gate_proj.weight", I, H)
+        lin("mlp.up_proj.weight", I, H)
+        lin("mlp.down_proj.weight", H, I, gain=2.0)
+        return t
+    E, MI = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    lin("mlp.gate.weight", E, H, gain=3.0)
+    t[f"{prefix}.mlp.gate.e_score_correction_bias"] = _normal(rng, (E,), 0.1)
+    for e in range(E):
+        lin(f"mlp.experts.{e}.gate_proj.weight", MI, H)
+        lin(f"mlp.experts.{e}.up_proj.weight", MI, H)
+        lin(f"mlp.experts.{e}.down_proj.weight", H, MI, gain=2.0)
+    SI = MI * cfg["n_shared_experts"]
+    lin("mlp.shared_experts.gate_proj.weight", SI, H)
+    lin("mlp.shared_experts.up_proj.weight", SI, H)
+    lin("mlp.shared_experts.down_proj.weight", H, SI, gain=2.0)
+    return t
+
+
+def tiny_family_weights(cfg: dict, *, seed: int = 0, with_mtp: bool = True,
+                        ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    w = {"model.embed_tokens.weight": _normal(rng, (V, H), 1.0),
+         "model.norm.weight": (1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
+         "lm_head.weight": _normal(rng, (V, H), 3.0 / np.sqrt(H))}
+    for i in range(L):
+        w.update(_layer(rng, cfg, f"model.layers.{i}", moe=i >= cfg["first_k_dense_replace"]))
+    for j in range(cfg["num_nextn_predict_layers"] if with_mtp else 0):
+        p = f"model.layers.{L + j}"
+        w.update(_layer(rng, cfg, p, moe=True))
+        w[f"{p}.enorm.weight"] = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+        w[f"{p}.hnorm.weight"] = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+        w[f"{p}.eh_proj.weight"] = _normal(rng, (H, 2 * H), 1 / np.sqrt(2 * H))
+        w[f"{p}.shared_head.norm.weight"] = (1 + 0.1 * rng.standard_normal(H)).astype(np.float32)
+        w[f"{p}.shared_head.head.weight"] = w["lm_head.weight"].copy()
+        w[f"{p}.embed_tokens.weight"] = w["model.embed_tokens.weight"].copy()
+    return w
+
+
+def build_tiny_family(out: str | Path, family: str, *, seed: int = 0, with_mtp: bool = True,
+                      shards: int = 1, **shape) -> Path:
+    """Write a random tiny ``family`` checkpoint (raw HF layout) with a tokenizer."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out)
+    cfg = tiny_config(family, **shape)
+    cfg.update(eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+               bos_token_id=None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [ids["<|im_end|>"]], "do_sample": False}))
+    save_sharded(out, tiny_family_weights(cfg, seed=seed, with_mtp=with_mtp), shards=shards)
+    return out
+
+
+# Small realistic shapes for ``engine bench --replay`` on this CPU (a GLM-4.5-Air / DeepSeek-V3
+# layer scaled down: the same kinds of blocks, 16 experts, a 32k vocabulary; ~0.3 B params).
+BENCH_SHAPES = {
+    "glm4_moe": dict(vocab_size=32768, hidden=1024, layers=8, intermediate_size=2816,
+                     moe_intermediate_size=512, n_routed_experts=16, num_experts_per_tok=4,
+                     num_attention_heads=8, num_key_value_heads=2, head_dim=128),
+    "deepseek_v3": dict(vocab_size=32768, hidden=1024, layers=8, intermediate_size=2816,
+                        moe_intermediate_size=512, n_routed_experts=16, num_experts_per_tok=4,
+                        num_attention_heads=8, num_key_value_heads=8, q_lora_rank=384,
+                        kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
+                        v_head_dim=64, n_group=4, topk_group=2),
+}
+BENCH_SHAPES["glm4_moe_lite"] = dict(BENCH_SHAPES["deepseek_v3"], n_group=1, topk_group=1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_tiny_family(sys.argv[2], sys.argv[1], **BENCH_SHAPES[sys.argv[1]]))
