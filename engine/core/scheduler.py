@@ -143,6 +143,8 @@ class Scheduler:
         self._observers: list[Observer] = []
         self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
         self.completed = 0
+        self.warmup = None  # engine.core.warmup.WarmUp of the model now loaded (or None)
+        self._warm_listeners: list[Callable[[int, int], None]] = []
 
     @classmethod
     def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16,
@@ -173,6 +175,7 @@ class Scheduler:
         with self._tok_lock:
             self.model = model
             self.info = getattr(model, "info", None)
+        self._start_warmup(model)
         with self._lock:
             stale = [r for r in self._waiting if r.render is None]
         for req in stale:
@@ -204,6 +207,8 @@ class Scheduler:
         with self._lock:
             self._closed = True
         self.cancel_all()
+        if self.warmup is not None:
+            self.warmup.cancel()
         if self._wake is not None:
             return  # hosted: the host runs what is left (each request ends cancelled)
         self._queue.put(None)
@@ -264,9 +269,52 @@ class Scheduler:
                 self._load_error = exc
                 self._ready.set()
                 return
+        self._start_warmup(self.model)
         self._ready.set()
-        while self._run_job(self._queue.get()):
+        while self._run_job(self._next_job()):
             pass
+
+    def _next_job(self) -> tuple[GenRequest, Sink] | None:
+        """The next request; while none waits, the warm-up runs one step at a time."""
+        while self.warm_step():
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                pass
+        return self._queue.get()
+
+    # ------------------------------------------------------------------ warm-up
+    def status(self) -> dict:
+        """What ``/health`` adds: the warm-up's progress (``warmup``: done, total, finished)."""
+        warm = self.warmup
+        if warm is None:
+            return {}
+        return {"warmup": {"done": warm.done, "total": warm.total, "finished": warm.finished}}
+
+    def add_warmup_listener(self, fn: Callable[[int, int], None]) -> None:
+        """``fn(done, total)`` on the worker thread as the warm-up progresses."""
+        self._warm_listeners.append(fn)
+
+    def warm_step(self) -> bool:
+        """Worker/host thread, only while no request waits: one step of the model's warm-up
+        (``engine.core.warmup``); whether more remain."""
+        warm = self.warmup
+        if warm is None or warm.finished or not self._queue.empty():
+            return False
+        with self._tok_lock:
+            return warm.step()
+
+    def _start_warmup(self, model) -> None:
+        from engine.core import warmup
+
+        if self.warmup is not None:
+            self.warmup.cancel()
+
+        def progress(done: int, total: int) -> None:
+            for fn in list(self._warm_listeners):
+                fn(done, total)
+        self.warmup = warmup.for_model(model, max_streams=self.max_streams,
+                                       on_progress=progress)
 
     def run_next(self) -> bool:
         """Host thread: run the request at the head of the queue (if any) to its end.
