@@ -10,8 +10,12 @@ the real decoder (so exactly the graphs a request will run are made), on a priva
 
 Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
-  topped up to ``max_streams`` rows at that fixed depth, run until every row count
-  1..``max_streams`` has had a cycle at it (rows join one per step, so every size is passed).
+  grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
+  for two cycles (the first compiles, the second is timed).
+- The timed cycles of the greedy units are handed to the model's shared carryover
+  (``Carryover.hint_costs``) when the warm-up ends: a depth controller made afterwards for a
+  batch size starts from what a cycle at each depth costs at that size, so a fresh process's
+  batches choose their depth without a warm-up schedule of their own, as a warm one's do.
 - ``step()`` runs ONE decoder step (at most one prefill chunk of a few tokens and one cycle)
   and returns whether more remain: the host calls it only while no request waits, so a request
   never waits for more than one warm-up cycle, and never for the whole warm-up.
@@ -74,6 +78,8 @@ class WarmUp:
         self._unit = 0
         self._dec = None
         self._covered: set[int] = set()
+        self._cycles: dict[int, int] = {}
+        self.costs: dict[int, dict[int, float]] = {}  # rows -> depth -> seconds (greedy units)
         self._steps = 0
         self.finished = not self.units
 
@@ -107,21 +113,28 @@ class WarmUp:
         if dec is None:
             dec = self._dec = self.model.decoder(max_streams=self.max_streams,
                                                  carryover=self._carry)
-            self._covered, self._steps = set(), 0
-        while dec.room > 0:  # top the batch up: a stream that ended is replaced
-            dec.add(self._ids, max_tokens=4 * (self.max_streams + 2) * (depth + 1),
-                    depth=depth, sampling=params, seed=self._steps)
+            self._covered, self._steps, self._cycles = set(), 0, {}
+        rows = len(dec.active)
+        if dec.room > 0 and not dec.waiting and (rows == 0 or self._cycles.get(rows, 0) >= 2):
+            dec.add(self._ids, max_tokens=8 * (self.max_streams + 2) * (depth + 1),
+                    depth=depth, sampling=params, seed=self._steps)  # one row more
         dec.admit_step()
         rows = len(dec.active)
+        t0 = time.perf_counter()
         dec.cycle_step()
+        seconds = time.perf_counter() - t0
         self._steps += 1
         before = len(self._covered)
         if rows:
-            self._covered.add(rows)
+            self._cycles[rows] = n = self._cycles.get(rows, 0) + 1
+            if n >= 2:
+                self._covered.add(rows)
+                if params.temperature == 0:
+                    self.costs.setdefault(rows, {})[depth] = seconds
         if len(self._covered) > before:
             self.done += 1
             self._report()
-        if len(self._covered) >= self.max_streams or self._steps > 6 * self.max_streams + 8:
+        if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
             self._unit += 1
@@ -138,6 +151,10 @@ class WarmUp:
         self._end_unit()
         self.finished = True
         self._carry.reset_prompt_cache()
+        if self.costs and not self._cancel.is_set():
+            from engine.core.carryover import carryover_of
+
+            carryover_of(self.model).hint_costs(self.costs)
         try:
             import mlx.core as mx
 

@@ -7,7 +7,8 @@ import pytest
 pytestmark = [pytest.mark.gui, pytest.mark.timeout(120)]
 
 
-def test_worker_warms_a_loaded_model_in_the_background(qtbot, tmp_path):
+def test_worker_warms_a_loaded_model_in_the_background(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTP_WARMUP", "1")  # tests/conftest.py turns it off for the others
     import engine
     from app.worker import WorkerThread
     from tests.app.chat_fixtures import Relay

@@ -16,6 +16,11 @@ from engine.types import SamplingParams
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def warmup_on(monkeypatch):
+    monkeypatch.setenv(warmup.ENV, "1")  # tests/conftest.py turns it off for the others
+
+
 def _compiled_shapes(model) -> set[tuple[int, int]]:
     """(rows, tokens) of every compiled GDN layer function on the trunk's first linear layer."""
     layer = next(la for la in model.text_model.model.layers if la.is_linear)
@@ -44,6 +49,14 @@ def test_warmup_compiles_every_row_count_ahead(tiny_model):
         for tokens in (2, 3):
             assert (rows, tokens) in shapes | before, (rows, tokens, shapes)
     assert dict(carry.controllers) == controllers
+    try:  # the timed cycles seed the controllers made from now on, per batch size
+        assert set(carry.cost_hints) == {1, 2, 3}
+        assert all(set(h) == {1, 2} and min(h.values()) > 0 for h in carry.cost_hints.values())
+        fresh = carry.controller(tiny_model, 2)
+        assert fresh.warmup == 0 and fresh.state()["cost"]
+        del carry.controllers[2]
+    finally:
+        carry.cost_hints.clear()
     assert list(carry.prompt_cache.snapshots) == cached
     assert not w.step()  # finished: nothing more
 
@@ -94,3 +107,4 @@ def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
         assert sched.status()["warmup"]["finished"] is True
     finally:
         sched.stop()
+        carryover_of(tiny_model).cost_hints.clear()
