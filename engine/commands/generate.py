@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-mode", choices=DRAFT_MODES, default="filtered",
                    help="how the MTP head drafts at temperature > 0 (all exact): the target's "
                         "filters (default), softmax only, or its argmax")
+    p.add_argument("--memory-budget", default=None, help="memory the process may use, e.g. "
+                   "8GB: a prompt that would pass it is refused, a reply that would is cut "
+                   "short (default: MLX's recommended working set on a Mac, else 70%% of RAM)")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
 
 
@@ -146,6 +149,22 @@ def json_report(tally, *, trace: bool = False) -> dict:
     return d
 
 
+def within_budget(model, ids: list[int], args) -> tuple[list[int], int, str]:
+    """(ids, max_tokens cut to the memory budget, a note when cut); raises MemoryRefused
+    (shown as a one-line error) when the prompt alone does not fit."""
+    from engine.core.memory import MemoryGate, parse_budget
+
+    gate = MemoryGate(parse_budget(args.memory_budget) if args.memory_budget else None)
+    gate.attach(model)
+    depth = parse_depth(args.depth)
+    depth = model.info.max_depth if depth == "auto" else depth
+    _, max_tokens = gate.verdict("cli", len(ids), args.max_tokens, depth)
+    note = "" if max_tokens >= args.max_tokens else (
+        f"the reply was cut at {max_tokens:,} tokens: a longer one would outgrow the memory "
+        f"budget ({gate.budget / 2**30:.2f} GB, --memory-budget)")
+    return ids, max_tokens, note
+
+
 def run(args) -> int:
     from engine import SamplingParams, default_model_path, load
     from engine.metrics.summary import ReplyTally
@@ -156,7 +175,8 @@ def run(args) -> int:
                               frequency_penalty=args.frequency_penalty)
     tally = ReplyTally()
     shown = EmptyThinkFilter() if args.chat else None
-    for ev in model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
+    ids, max_tokens, note = within_budget(model, prompt_ids(model, args), args)
+    for ev in model.generate(ids, max_tokens=max_tokens,
                              depth=parse_depth(args.depth), sampling=sampling, seed=args.seed,
                              stop_strings=tuple(args.stop), draft_mode=args.draft_mode):
         tally.add(ev)
@@ -165,6 +185,8 @@ def run(args) -> int:
             sys.stdout.flush()
     if shown and not args.json:
         sys.stdout.write(shown.flush())
+    if note and tally.summary().finish_reason == "length":
+        print(f"\nnote: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(json_report(tally, trace=args.trace)))
     else:
