@@ -44,7 +44,7 @@ RESERVE_REPLY_TOKENS = 4096  # reply tokens reserved up front (the rest: checked
 PREFILL_CHUNK = 512        # engine.decoding.session's chunk (the transient's size)
 OTHER_BYTES_PER_TOKEN = 1024  # ids, detokenizer, bookkeeping
 ACTIVATION_COPIES = 6      # logits, probabilities, candidates... per verified token
-CACHE_SHARE = 0.25         # of the headroom, MLX's buffer cache limit
+CACHE_SHARE = 0.1          # of the headroom, MLX's buffer cache limit (counted as used)
 
 
 class MemoryRefused(GenerationError):
@@ -156,6 +156,7 @@ class MemoryGate:
         self.base = 0
         self.kept = 0
         self.footprint: Footprint | None = None
+        self.cache_limit = 0
         self.auto_depth = 0  # the deepest draft an auto row may make (the model's)
         self._reserved: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -184,6 +185,7 @@ class MemoryGate:
             budget = min(default_budget(),
                          self.base + int(psutil.virtual_memory().available * AVAILABLE_SHARE))
         self.budget = int(budget)
+        self.cache_limit = max(int((self.budget - self.base) * CACHE_SHARE), 0)
         self._set_mlx_limits()
         log.info("memory budget %s (base %s with the model loaded)", _gib(self.budget),
                  _gib(self.base))
@@ -193,7 +195,7 @@ class MemoryGate:
             import mlx.core as mx
 
             mx.set_memory_limit(max(self.budget, 1))
-            mx.set_cache_limit(max(int((self.budget - self.base) * CACHE_SHARE), 0))
+            mx.set_cache_limit(self.cache_limit)
         except Exception:  # noqa: BLE001 - an MLX without these calls: the gate still holds
             log.debug("could not set MLX's memory limits", exc_info=True)
 
@@ -203,7 +205,7 @@ class MemoryGate:
         fp = self.footprint
         if fp is None:
             return "run", max_tokens
-        room = self.budget - self.base
+        room = self.budget - self.base - self.cache_limit
         if fp.need(prompt, 1, depth) > room:
             raise MemoryRefused(
                 f"This request needs about {_gib(fp.need(prompt, 1, depth))} of memory for its "
@@ -214,11 +216,28 @@ class MemoryGate:
         if fp.need(prompt, max_tokens, depth) > room:  # the most reply tokens that fit alone
             fits = max(1, (room - fp.need(prompt, 0, depth)) // fp.per_token)
         need = fp.need(prompt, min(fits, RESERVE_REPLY_TOKENS), depth)
-        if self.base + self.kept + self.reserved + need > self.budget:
+        if self.base + self.cache_limit + self.kept + self.reserved + need > self.budget:
             return "wait", None
         with self._lock:
             self._reserved[rid] = need
         return "run", min(fits, max_tokens)
+
+    def remeasure(self) -> None:
+        """While nothing runs: what the process holds beyond the kept replies and MLX's
+        buffer cache (compiled graphs, the server's own objects, allocator slack) joins the
+        base, so the estimate follows the process as it grows (never shrinks: conservative)."""
+        if self.footprint is None:
+            return
+        try:
+            import mlx.core as mx
+
+            from engine.models.prompt_limits import release_memory
+
+            release_memory()
+            now = resident_bytes() - self.kept - int(mx.get_cache_memory())
+        except Exception:  # noqa: BLE001 - keep the last base
+            return
+        self.base = max(self.base, now)
 
     def release(self, rid: str, tokens: int = 0) -> None:
         with self._lock:
@@ -266,7 +285,7 @@ class MemoryGate:
         grown = {rid: fp.need(p, g + d + 1, d) for rid, p, g, d in rows}
         with self._lock:
             held = {rid: max(grown[rid], self._reserved.get(rid, 0)) for rid in grown}
-        total = self.base + self.kept + sum(held.values())
+        total = self.base + self.cache_limit + self.kept + sum(held.values())
         cut = []
         for rid, *_ in reversed(rows):
             if total <= self.budget:

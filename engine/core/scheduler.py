@@ -356,6 +356,7 @@ class Scheduler:
         live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
         go_on = True
         self._held.append(job)
+        self.memory.remeasure()  # nothing runs yet
         while True:
             self._admit_held(dec, live)
             while go_on and not self._held and (dec is None or dec.room > 0):

@@ -8,11 +8,25 @@ import threading
 
 import pytest
 
+from engine.core import memory
 from engine.core.memory import Footprint, MemoryGate, MemoryRefused, parse_budget
 from engine.core.scheduler import Done, GenRequest, Scheduler
 from engine.types import Event, SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
+
+BASE = 300 * 2**20
+
+
+@pytest.fixture
+def steady(monkeypatch):
+    """A process whose resident memory stays at BASE (the gate's arithmetic, exactly)."""
+    monkeypatch.setattr(memory, "resident_bytes", lambda: BASE)
+
+
+def _beside(room: int) -> int:
+    """A "+SIZE" budget that leaves ``room`` for requests after MLX's cache share."""
+    return -int(room / (1 - memory.CACHE_SHARE)) - 2
 
 
 def test_parse_budget():
@@ -35,16 +49,19 @@ def test_footprint_grows_with_prompt_reply_and_depth(tiny_model):
     assert Footprint.of(object()) is None
 
 
-def test_gate_refuses_cuts_holds_and_releases(tiny_model):
+def test_gate_refuses_cuts_holds_and_releases(tiny_model, steady):
     fp = Footprint.of(tiny_model)
-    gate = MemoryGate(-(fp.need(50, 20, 2) + fp.per_token // 2))  # room for 50 + 20 tokens
+    gate = MemoryGate(_beside(fp.need(50, 20, 2) + fp.per_token // 2))  # 50 + 20 tokens
     gate.attach(tiny_model)
-    assert gate.budget == gate.base + fp.need(50, 20, 2) + fp.per_token // 2
+    assert gate.base == BASE and gate.cache_limit > 0
+    assert fp.need(50, 20, 2) < gate.budget - gate.base - gate.cache_limit < fp.need(50, 21, 2)
     with pytest.raises(MemoryRefused, match="memory budget"):
         gate.verdict("big", 10_000_000, 1, 2)
     kind, n = gate.verdict("a", 50, 1000, 2)
     assert kind == "run" and n == 20  # cut to what fits alone
     assert gate.verdict("b", 50, 10, 2) == ("wait", None)  # fits alone, not beside "a"
+    gate.remeasure()  # nothing else grew: the base stays
+    assert gate.base == BASE
     gate.release("a", tokens=70)
     assert gate.kept == 70 * fp.per_token
     gate.drop_kept()
@@ -55,12 +72,12 @@ def test_gate_refuses_cuts_holds_and_releases(tiny_model):
     assert gate.status()["budget_bytes"] == gate.budget
 
 
-def test_scheduler_cuts_a_reply_that_would_outgrow_the_budget(tiny_model):
+def test_scheduler_cuts_a_reply_that_would_outgrow_the_budget(tiny_model, steady):
     fp = Footprint.of(tiny_model)
     prompt = tuple(tiny_model.tokenizer.encode("hello there, how are you"))
     depth = 2  # the request's
     sched = Scheduler(model=tiny_model, max_streams=2,
-                      memory_budget=-(fp.need(len(prompt), 6, depth) + 10)).start()
+                      memory_budget=_beside(fp.need(len(prompt), 6, depth) + 10)).start()
     try:
         sched.wait_ready(30)
         items: list = []
