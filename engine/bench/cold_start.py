@@ -10,6 +10,8 @@ through HTTP (``/v1/chat/completions``, SSE, greedy):
    (goal >= 0.9) and first burst / one at a time (goal >= 2).
    ``settled``: a third server with the warm-up on whose first burst waits until ``/health``
    says the warm-up finished (what a server started a few seconds before its users sees).
+   Every phase sends questions new to the prompt cache (tagged per phase), so a warm burst
+   prefills as much as the first.
 2. Replies: a server's first ``--depth`` reply right after it listens against its next two
    (decode tok/s: tokens after the first over the time from the first to the last; goal: the
    first >= 0.9 x the warm ones).
@@ -125,15 +127,21 @@ def wait_warm(url: str, timeout: float = 300.0) -> float:
     return time.perf_counter() - t0
 
 
+def tagged(tag: str, n: int) -> list[str]:
+    """``n`` questions that start with ``tag``: new to the server's prompt cache, so every
+    phase prefills as much as the first burst does."""
+    return [f"({tag}) {QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
+
+
 def burst_round(model, mode: str, args) -> dict:
-    qs = list(QUESTIONS[:args.streams])
-    proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)])
+    n = args.streams
+    proc, url = start_server(model, mode != "off", ["--max-streams", str(n)])
     try:
         waited = wait_warm(url) if mode == "settled" else 0.0
-        first = burst(url, qs, args.tokens, args.burst_depth)
-        seq = sequential(url, qs, args.tokens, args.burst_depth)
-        warm = statistics.median(burst(url, qs, args.tokens, args.burst_depth)
-                                 for _ in range(2))
+        first = burst(url, tagged("a", n), args.tokens, args.burst_depth)
+        seq = sequential(url, tagged("b", n), args.tokens, args.burst_depth)
+        warm = statistics.median(burst(url, tagged(t, n), args.tokens, args.burst_depth)
+                                 for t in ("c", "d"))
     finally:
         stop_server(proc)
     return {"mode": mode, "first": first, "sequential": seq, "warm": warm, "waited_s": waited,
@@ -141,11 +149,11 @@ def burst_round(model, mode: str, args) -> dict:
 
 
 def reply_round(model, mode: str, args) -> dict:
-    q = QUESTIONS[0]
     proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)])
     try:
-        first = decode_rate(url, q, args.tokens, args.depth)
-        warm = statistics.median(decode_rate(url, q, args.tokens, args.depth) for _ in range(2))
+        first = decode_rate(url, tagged("a", 1)[0], args.tokens, args.depth)
+        warm = statistics.median(decode_rate(url, tagged(t, 1)[0], args.tokens, args.depth)
+                                 for t in ("b", "c"))
     finally:
         stop_server(proc)
     return {"mode": mode, "first": first, "warm": warm, "first/warm": first / warm}
