@@ -38,6 +38,8 @@ Signals (emitted from the worker thread, delivered queued to UI objects):
 - ``tune_progress(done, total, message)``, ``tune_finished(TuneResult)``, ``tune_failed(str)``.
 - ``verify_progress(done, total, message)``, ``verify_done(dict)`` (``VerifyResult.to_dict()``),
   ``verify_failed(str)``.
+- ``warmup_progress(done, total)``: the loaded model's background warm-up (its batch shapes
+  compiled ahead, one step at a time while nothing else runs: ``engine.core.warmup``).
 
 Cancellation is a ``threading.Event`` per request, set from any thread by ``cancel(request_id)``
 and checked by the engine every cycle; it is never a queued slot. Nothing escapes a slot:
@@ -120,11 +122,13 @@ class Worker(QObject):
     verify_progress = Signal(int, int, str)
     verify_done = Signal(object)
     verify_failed = Signal(str)
+    warmup_progress = Signal(int, int)
 
     _sig_load = Signal(str)
     _sig_wake = Signal()
     _sig_tune = Signal(str)
     _sig_verify = Signal(float, int)
+    _sig_warm = Signal()
 
     def __init__(self, *, loader: Loader | None = None) -> None:
         super().__init__()
@@ -140,6 +144,9 @@ class Worker(QObject):
         self.scheduler = Scheduler.hosted(self._sig_wake.emit, max_queue=MAX_QUEUE,
                                           max_streams=DEFAULT_STREAMS)
         self.scheduler.add_observer(self._observe)
+        self.scheduler.add_warmup_listener(self.warmup_progress.emit)
+        self._warm_queued = False
+        self._sig_warm.connect(self.warm_tick, Qt.ConnectionType.QueuedConnection)
         self._sig_load.connect(self.load)
         # queued even when emitted on the worker thread: one request per event-loop turn
         self._sig_wake.connect(self.on_wake, Qt.ConnectionType.QueuedConnection)
@@ -236,6 +243,26 @@ class Worker(QObject):
             self.scheduler.run_next()
         except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
             self._log_unexpected(exc, "the scheduler")
+        self._queue_warm()
+
+    @Slot()
+    def warm_tick(self) -> None:
+        """One step of the model's background warm-up (``engine.core.warmup``) while no
+        request waits and no tune or check runs; the next step is queued behind any request
+        that arrives meanwhile."""
+        self._warm_queued = False
+        try:
+            more = self._job is None and self.scheduler.warm_step()
+        except BaseException as exc:  # noqa: BLE001 - nothing escapes a slot
+            self._log_unexpected(exc, "the warm-up")
+            more = False
+        if more:
+            self._queue_warm()
+
+    def _queue_warm(self) -> None:
+        if not self._warm_queued:
+            self._warm_queued = True
+            self._sig_warm.emit()
 
     @Slot(str)
     def load(self, path: str) -> None:
@@ -262,6 +289,8 @@ class Worker(QObject):
     def _set_model(self, model: Any) -> None:
         self._model = model
         self.scheduler.set_model(model)
+        if model is not None:
+            self._queue_warm()
 
     def _restore(self, path: str | None) -> None:
         """After a failed load: load the previous model again (the app keeps using it)."""
@@ -351,6 +380,7 @@ class Worker(QObject):
         with self._lock:
             if self._job == job:
                 self._job = None
+        self._queue_warm()
 
     @Slot(float, int)
     def verify(self, seconds: float, depth: int) -> None:

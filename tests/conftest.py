@@ -10,6 +10,9 @@ os.environ["HF_HUB_OFFLINE"] = os.environ.get("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MTPCHAT_HOME", tempfile.mkdtemp(prefix="mtpchat-test-home-"))
+# No background warm-up of loaded models (engine/core/warmup.py) in tests that do not test it:
+# it would add decoders and CPU load behind every scheduler and server; its own tests turn it on.
+os.environ.setdefault("MTP_WARMUP", "0")
 
 import engine  # noqa: E402,F401  - loads OpenBLAS before any test module imports mlx
 

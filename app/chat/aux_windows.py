@@ -75,6 +75,7 @@ class AuxWindows(QObject):
             # a direct call: the worker thread is busy tuning
             self.dashboard.tune_cancel_requested.connect(lambda: w.cancel_tune())
             self.dashboard.attach_verifier(w)
+            self.dashboard.engine_line.watch(w.scheduler.status)
             self.dashboard.set_model_info(self._model.info)
             if self.tuning is not None:
                 self.dashboard.on_tune_progress(*self.tuning)

@@ -43,6 +43,7 @@ from app.dashboard.charts import (
     AMBER, BLUE, GREEN, GREY, RED, BarChart, DepthChart, Gauge, LineChart, Meter, Waterfall,
     band_colour, fmt_bytes,
 )
+from app.dashboard.engine_line import EngineLine
 from app.dashboard.recorder import SessionRecord
 from app.dashboard.tuner_view import show_tuning
 from app.dashboard.verify_control import VerifyControl
@@ -311,6 +312,8 @@ class DashboardWindow(QWidget):
         self.memory_note.setObjectName("muted")
         self.memory_note.setWordWrap(True)
         lay.addWidget(self.memory_note)
+        self.engine_line = EngineLine()  # warm-up and the memory budget (watch(status))
+        lay.addWidget(self.engine_line)
         lay.addStretch(1)
         return card
 

@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-mode", choices=DRAFT_MODES, default="filtered",
                    help="how the MTP head drafts at temperature > 0 (all exact): the target's "
                         "filters (default), softmax only, or its argmax")
+    p.add_argument("--memory-budget", default=None, help="memory the process may use, e.g. "
+                   "8GB: a prompt that would pass it is refused, a reply that would is cut "
+                   "short (default: MLX's recommended working set on a Mac, else 70%% of RAM)")
     p.add_argument("--trace", action="store_true", help="per-cycle drafted/accepted lists (with --json)")
     from engine.distributed.launch import add_arguments as add_cluster_arguments
 
@@ -157,22 +160,40 @@ def _sampling(args):
                           frequency_penalty=args.frequency_penalty)
 
 
+def within_budget(model, ids: list[int], args) -> tuple[int, str]:
+    """(max_tokens cut to the memory budget, a note when cut); raises MemoryRefused
+    (shown as a one-line error) when the prompt alone does not fit."""
+    from engine.core.memory import MemoryGate, parse_budget
+
+    gate = MemoryGate(parse_budget(args.memory_budget) if args.memory_budget else None)
+    gate.attach(model)
+    depth = parse_depth(args.depth)
+    depth = model.info.max_depth if depth == "auto" else depth
+    _, max_tokens = gate.verdict("cli", len(ids), args.max_tokens, depth)
+    note = "" if max_tokens >= args.max_tokens else (
+        f"the reply was cut at {max_tokens:,} tokens: a longer one would outgrow the memory "
+        f"budget ({gate.budget / 1e9:.2f} GB, --memory-budget)")
+    return max_tokens, note
+
+
 def run(args) -> int:
     from engine import default_model_path, load
 
     if args.hostfile:
         return _run_cluster(args)
     model = load(args.model or default_model_path(), dtype=args.dtype)
-    events = model.generate(prompt_ids(model, args), max_tokens=args.max_tokens,
-                            depth=parse_depth(args.depth), sampling=_sampling(args),
-                            seed=args.seed, stop_strings=tuple(args.stop),
-                            draft_mode=args.draft_mode)
-    _report(args, events)
+    ids = prompt_ids(model, args)
+    max_tokens, note = within_budget(model, ids, args)
+    events = model.generate(ids, max_tokens=max_tokens, depth=parse_depth(args.depth),
+                            sampling=_sampling(args), seed=args.seed,
+                            stop_strings=tuple(args.stop), draft_mode=args.draft_mode)
+    _report(args, events, note=note)
     return 0
 
 
-def _report(args, events, extra=None) -> None:
-    """Stream ``events`` to stdout (or one JSON object, with ``extra()`` merged in)."""
+def _report(args, events, extra=None, note: str = "") -> None:
+    """Stream ``events`` to stdout (or one JSON object, with ``extra()`` merged in);
+    ``note``: said on stderr when the reply ends at its length (the memory budget's cut)."""
     from engine.metrics.summary import ReplyTally
 
     tally = ReplyTally()
@@ -184,6 +205,8 @@ def _report(args, events, extra=None) -> None:
             sys.stdout.flush()
     if shown and not args.json:
         sys.stdout.write(shown.flush())
+    if note and tally.summary().finish_reason == "length":
+        print(f"\nnote: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps({**json_report(tally, trace=args.trace), **(extra() if extra else {})}))
     else:

@@ -35,6 +35,16 @@ def _default_streams() -> int:
     return DEFAULT_STREAMS
 
 
+def _budget(text: str) -> int:
+    """An argparse type: ``--memory-budget`` in bytes (engine.core.memory.parse_budget)."""
+    from engine.core.memory import parse_budget
+
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _streams(text: str) -> int:
     """An argparse type: how many streams a batch holds, 1..64."""
     try:
@@ -76,6 +86,10 @@ def add_arguments(p) -> None:
                    "that the server answers 429 (default 16)")
     p.add_argument("--max-streams", type=_streams, default=None, help="requests decoded "
                    "together in one batch (1 = one at a time; default %d)" % _default_streams())
+    p.add_argument("--memory-budget", type=_budget, default=None, help="memory the process "
+                   "may use, e.g. 8GB: requests that would pass it wait, are cut short or "
+                   "refused (default: MLX's recommended working set on a Mac, else 70%% of "
+                   "the RAM)")
     p.add_argument("--drain-seconds", type=float, default=10.0, help="on Ctrl+C, how long "
                    "in-flight replies may run before they are cancelled (default 10)")
     p.add_argument("--max-body-mb", type=_positive, default=32.0, help="largest request body "
@@ -151,7 +165,8 @@ def run(args) -> int:
         return load_model(path, dtype=args.dtype)
 
     streams = args.max_streams or _default_streams()
-    scheduler = Scheduler(loader=load, max_queue=args.max_queue, max_streams=streams).start()
+    scheduler = Scheduler(loader=load, max_queue=args.max_queue, max_streams=streams,
+                          memory_budget=args.memory_budget).start()
     if cluster is not None:  # a rank gone: every request ends with the reason, then exit
         cluster.on_stall = node.exit_on_stall(cluster, scheduler.abort)
         node.exit_when_broken(cluster)

@@ -33,6 +33,8 @@ class Carryover:
     disk_cache: object | None = None   # engine.decoding.diskcache.DiskPromptCache | None
     controllers: dict[int, AdaptiveDepth] = field(default_factory=dict)
     suffixes: tuple[tuple[int, ...], ...] | None = None  # the generation prompts' tokens
+    # batch size -> {depth: cycle seconds}, measured by the warm-up (``engine.core.warmup``)
+    cost_hints: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -106,13 +108,29 @@ class Carryover:
         if c is not None and c.max_depth == max_d:
             return c
         if rows == 1:
-            c = carry_over(c, max_d, initial=_tuned(model))
+            c = carry_over(c, max_d, initial=self._hinted(_tuned(model), rows, keep=True))
         else:
             known = {n: k for n, k in self.controllers.items() if k.max_depth == max_d}
             near = min(known, key=lambda n: (abs(n - rows), n), default=None)
-            c = AdaptiveDepth(max_d, initial=None if near is None else known[near].state())
+            c = AdaptiveDepth(max_d, initial=self._hinted(
+                None if near is None else known[near].state(), rows, keep=False))
         self.controllers[rows] = c
         return c
+
+    def hint_costs(self, costs: dict[int, dict[int, float]]) -> None:
+        """Cycle seconds by depth for batch sizes (the warm-up's timed cycles): a controller
+        made later for such a size starts from them instead of timing every depth itself
+        (one already learning keeps its own)."""
+        for rows, by_depth in costs.items():
+            self.cost_hints[int(rows)] = {int(d): float(t) for d, t in by_depth.items()}
+
+    def _hinted(self, initial: dict | None, rows: int, *, keep: bool) -> dict | None:
+        """``initial`` with this batch size's hinted costs (``keep``: only where ``initial``
+        gives fewer than two costs of its own, e.g. no saved tuning)."""
+        hint = self.cost_hints.get(rows)
+        if not hint or len(hint) < 2 or (keep and len((initial or {}).get("cost") or {}) >= 2):
+            return initial
+        return {**(initial or {}), "cost": {str(d): t for d, t in hint.items()}}
 
 
 def _generation_suffixes(model) -> tuple[tuple[int, ...], ...]:

@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.core.memory import MemoryGate
 from engine.metrics.summary import ReplySummary, ReplyTally
 from engine.types import Depth, Event, ModelInfo, SamplingParams
 
@@ -106,6 +107,7 @@ class Started:
 @dataclass(frozen=True)
 class Done:
     summary: ReplySummary
+    note: str = ""  # why the reply ended early, when the memory budget cut it
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Scheduler:
 
     def __init__(self, *, loader: Callable[[], object] | None = None, model=None,
                  max_queue: int = 16, wake: Callable[[], None] | None = None,
-                 max_streams: int = 1) -> None:
+                 max_streams: int = 1, memory_budget: int | None = None) -> None:
         if wake is None and (loader is None) == (model is None):
             raise ValueError("pass exactly one of loader= or model=")
         self._loader = loader
@@ -144,12 +146,18 @@ class Scheduler:
         self._sinks: dict[int, tuple[GenRequest, Sink]] = {}  # started, not finished
         self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
         self.completed = 0
+        self.warmup = None  # engine.core.warmup.WarmUp of the model now loaded (or None)
+        self._warm_listeners: list[Callable[[int, int], None]] = []
+        self.memory = MemoryGate(memory_budget)
+        self._held: list[tuple[GenRequest, Sink]] = []  # taken, waiting for memory
+        self._notes: dict[str, str] = {}
 
     @classmethod
     def hosted(cls, wake: Callable[[], None], *, max_queue: int = 16,
-               max_streams: int = 1) -> Scheduler:
+               max_streams: int = 1, memory_budget: int | None = None) -> Scheduler:
         """A scheduler without a thread of its own: see "Hosting" in the module docstring."""
-        return cls(wake=wake, max_queue=max_queue, max_streams=max_streams)
+        return cls(wake=wake, max_queue=max_queue, max_streams=max_streams,
+                   memory_budget=memory_budget)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Scheduler:
@@ -174,6 +182,7 @@ class Scheduler:
         with self._tok_lock:
             self.model = model
             self.info = getattr(model, "info", None)
+        self._start_warmup(model)
         with self._lock:
             stale = [r for r in self._waiting if r.render is None]
         for req in stale:
@@ -225,6 +234,8 @@ class Scheduler:
         with self._lock:
             self._closed = True
         self.cancel_all()
+        if self.warmup is not None:
+            self.warmup.cancel()
         if self._wake is not None:
             return  # hosted: the host runs what is left (each request ends cancelled)
         self._queue.put(None)
@@ -285,9 +296,54 @@ class Scheduler:
                 self._load_error = exc
                 self._ready.set()
                 return
+        self._start_warmup(self.model)
         self._ready.set()
-        while self._run_job(self._queue.get()):
+        while self._run_job(self._next_job()):
             pass
+
+    def _next_job(self) -> tuple[GenRequest, Sink] | None:
+        """The next request; while none waits, the warm-up runs one step at a time."""
+        while self.warm_step():
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                pass
+        return self._queue.get()
+
+    # ------------------------------------------------------------------ warm-up
+    def status(self) -> dict:
+        """What ``/health`` adds: the warm-up's progress (``warmup``: done, total, finished)."""
+        out = {"memory": self.memory.status()} if self.memory.footprint is not None else {}
+        warm = self.warmup
+        if warm is not None:
+            out["warmup"] = {"done": warm.done, "total": warm.total, "finished": warm.finished}
+        return out
+
+    def add_warmup_listener(self, fn: Callable[[int, int], None]) -> None:
+        """``fn(done, total)`` on the worker thread as the warm-up progresses."""
+        self._warm_listeners.append(fn)
+
+    def warm_step(self) -> bool:
+        """Worker/host thread, only while no request waits: one step of the model's warm-up
+        (``engine.core.warmup``); whether more remain."""
+        warm = self.warmup
+        if warm is None or warm.finished or not self._queue.empty():
+            return False
+        with self._tok_lock:
+            return warm.step()
+
+    def _start_warmup(self, model) -> None:
+        from engine.core import warmup
+
+        if self.warmup is not None:
+            self.warmup.cancel()
+        self.memory.attach(model)
+
+        def progress(done: int, total: int) -> None:
+            for fn in list(self._warm_listeners):
+                fn(done, total)
+        self.warmup = warmup.for_model(model, max_streams=self.max_streams,
+                                       on_progress=progress)
 
     def run_next(self) -> bool:
         """Host thread: run the request at the head of the queue (if any) to its end.
@@ -320,9 +376,11 @@ class Scheduler:
         dec = self._decoder()
         live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
         go_on = True
-        self._admit(dec, live, job)
+        self._held.append(job)
+        self.memory.remeasure()  # nothing runs yet
         while True:
-            while go_on and (dec is None or dec.room > 0):
+            self._admit_held(dec, live)
+            while go_on and not self._held and (dec is None or dec.room > 0):
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -330,14 +388,35 @@ class Scheduler:
                 if nxt is None:
                     go_on = False
                 else:
-                    self._admit(dec, live, nxt)
+                    self._held.append(nxt)
+                    self._admit_held(dec, live)
             if dec is None or not dec.busy:
+                if self._held and dec is not None:  # nothing runs and it still waits
+                    self._admit_held(dec, live, force=True)
+                    continue
                 return go_on
             if not self._batch_step(dec, live):
                 dec = self._decoder()
 
-    def _admit(self, dec, live: dict, job: tuple[GenRequest, Sink]) -> None:
+    def _admit_held(self, dec, live: dict, force: bool = False) -> None:
+        """Admit the requests taken from the queue, in order, while the memory budget holds
+        them (``engine.core.memory``); the first that must wait keeps the rest waiting.
+        ``force``: nothing runs, so what is kept of finished replies is dropped first."""
+        while self._held and (dec is None or dec.room > 0):
+            if force and dec is not None:
+                self.memory.free_kept(dec.carryover)
+            if not self._admit(dec, live, self._held[0], alone=force):
+                return
+            self._held.pop(0)
+            force = False
+
+    def _admit(self, dec, live: dict, job: tuple[GenRequest, Sink], alone: bool = False) -> bool:
+        """Start ``job`` (or end it: cancelled, failed); False when it must wait for memory
+        (``alone``: nothing else runs, so it cannot wait: it fails)."""
         req, sink = job
+        budget = self._budget_for(dec, req, alone)
+        if budget is None:
+            return False
         self._begin(req)
         sink, tally = self._observed(req, sink), ReplyTally()
         with self._lock:
@@ -348,7 +427,33 @@ class Scheduler:
                 ev = Event(token_ids=(), finish_reason="cancelled")
                 tally.add(ev)
                 _safe(sink, ev)
-                return self._finish(req, sink, Done(tally.summary()))
+                self._finish(req, sink, Done(tally.summary()))
+                return True
+            if isinstance(budget, BaseException):
+                raise budget
+            ids, max_tokens = budget
+            with self._tok_lock:
+                model = self.model
+                st = dec.add(ids, max_tokens=max_tokens, depth=req.depth,
+                             sampling=req.sampling, seed=req.seed, cancel=req.cancel,
+                             stop_strings=req.stop_strings,
+                             **_constraint_kw(model, req.response_format))
+        except Exception as exc:  # noqa: BLE001 - one request failing must not stop the others
+            log.warning("request %s failed: %s", req.id, exc, exc_info=not _expected(exc))
+            self.memory.release(req.id)
+            self._finish(req, sink, Failed(exc))
+            return True
+        if max_tokens < req.max_tokens:
+            self._notes[st.id] = _cut_note(max_tokens, self.memory.budget)
+        live[st.id] = (req, sink, tally)
+        return True
+
+    def _budget_for(self, dec, req: GenRequest, alone: bool = False):
+        """(prompt ids, max_tokens within the memory budget); None: wait for memory; an
+        exception: the request fails with it (no model; its prompt alone exceeds the budget)."""
+        if req.cancel.is_set():
+            return ([], req.max_tokens)
+        try:
             with self._tok_lock:
                 model = self.model
                 if model is None or dec is None:
@@ -356,14 +461,16 @@ class Scheduler:
 
                     raise EngineError("No model is loaded yet.")
                 ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
-                st = dec.add(ids, max_tokens=req.max_tokens, depth=req.depth,
-                             sampling=req.sampling, seed=req.seed, cancel=req.cancel,
-                             stop_strings=req.stop_strings,
-                             **_constraint_kw(model, req.response_format))
-        except Exception as exc:  # noqa: BLE001 - one request failing must not stop the others
-            log.warning("request %s failed: %s", req.id, exc, exc_info=not _expected(exc))
-            return self._finish(req, sink, Failed(exc))
-        live[st.id] = (req, sink, tally)
+            depth = model.info.max_depth if req.depth == "auto" else int(req.depth)
+            kind, max_tokens = self.memory.verdict(req.id, len(ids), req.max_tokens, depth)
+        except Exception as exc:  # noqa: BLE001 - delivered as the request's Failed
+            return exc
+        if kind == "wait" and alone:
+            from engine.core.memory import MemoryRefused
+
+            return MemoryRefused("This request does not fit in the memory budget "
+                                 f"({self.memory.budget / 2**30:.2f} GB, --memory-budget).")
+        return None if kind == "wait" else (ids, max_tokens)
 
     def _batch_step(self, dec, live: dict) -> bool:
         """One ``dec.step()``, its events to their sinks; False when it failed (every request
@@ -380,6 +487,9 @@ class Scheduler:
                 live.clear()
                 return False
             self._deliver(events, live)
+        for sid in self.memory.cut_growth(dec.active, live, self._notes):
+            self._notes[sid] = _cut_note(len(_stream_of(dec, sid).reply.generated) + 1,
+                                         self.memory.budget)
         return True
 
     def _deliver(self, events, live: dict) -> None:
@@ -389,7 +499,13 @@ class Scheduler:
             _safe(sink, ev)
             if ev.finish_reason is not None:
                 del live[st.id]
-                self._finish(req, sink, Done(tally.summary()))
+                if self.memory.footprint is not None:
+                    self.memory.release(req.id, len(st.prompt) + len(st.reply.generated))
+                note = self._notes.pop(st.id, "") if ev.finish_reason == "length" else ""
+                self._notes.pop(st.id, None)
+                if note:
+                    log.warning("request %s: %s", req.id, note)
+                self._finish(req, sink, Done(tally.summary(), note))
 
     def _finish(self, req: GenRequest, sink: Sink, item: Item) -> None:
         with self._lock:
@@ -413,6 +529,15 @@ class Scheduler:
         """A decoder for the model now loaded (None while none is)."""
         model = self.model
         return None if model is None else model.decoder(max_streams=self.max_streams)
+
+
+def _stream_of(dec, sid: str):
+    return next(st for st in dec.active if st.id == sid)
+
+
+def _cut_note(tokens: int, budget: int) -> str:
+    return (f"The reply was cut at {tokens:,} tokens: a longer one would outgrow the memory "
+            f"budget ({budget / 2**30:.2f} GB, --memory-budget).")
 
 
 def _prepare_view(model) -> None:

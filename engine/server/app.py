@@ -82,6 +82,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok", "model": backend.model_id,
                          "busy": backend.scheduler.busy,
                          "completed": backend.scheduler.completed,
+                         **backend.scheduler.status(),
                          "refused": {str(k): v for k, v in sorted(refused.items())}})
 
 

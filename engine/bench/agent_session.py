@@ -1,0 +1,149 @@
+"""``python -m engine.bench.agent_session``: a coding-agent session replayed through two servers.
+
+Each turn resends the whole conversation so far (system prompt, the user's task, then per turn
+the assistant's reply with a tool call, the tool's result — a file listing or a source file —
+and a follow-up user message) to ``/v1/chat/completions`` (SSE, greedy), first to this engine's
+``engine serve`` and then to mlx-lm's own ``mlx_lm.server`` (which keeps a prompt cache) on the
+same weights, alternating which goes first each turn. Per turn it prints the prompt size,
+time to first token and decode tok/s (tokens after the first over the time from the first to
+the last) of each, and their ratios (goals: TTFT <= 1.2x mlx-lm's, decode >= 1.5x).
+
+The assistant turns are fixed text (not the model's replies), so both servers see the same
+conversation and the prompt grows the same way: ``--turns`` turns, each tool result about
+``--result-words`` words, ``--reply-tokens`` tokens generated per turn.
+Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700`` (~32k tokens
+on the demo would need its context raised; it stops at the model's context).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.bench.cold_start import ROOT, start_server, stop_server
+
+SYSTEM = ("You are a coding agent. Use the tools read_file and list_dir to inspect the "
+          "repository, then answer. Keep answers short.")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_mlx_lm(model: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", model, "--port",
+                             str(port), "--host", "127.0.0.1"], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(600):
+        try:
+            httpx.get(url + "/v1/models", timeout=2)
+            return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("mlx_lm.server did not start")
+
+
+def tool_result(turn: int, words: int) -> str:
+    lines = [f"# file src/module_{turn}.py"]
+    n = 0
+    while n < words:
+        lines.append(f"def helper_{turn}_{n}(x):\n    return x * {n % 7} + {turn}")
+        n += 8
+    return "\n".join(lines)
+
+
+def conversation(turns: int, words: int) -> list[list[dict]]:
+    """The messages each turn sends (the turn's prompt ends with a user or tool message)."""
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Find where the helpers are defined and summarise them."}]
+    out = [list(msgs)]
+    for t in range(1, turns):
+        msgs.append({"role": "assistant", "content": f"I will read src/module_{t}.py.\n"
+                     f"<tool_call>\n{{\"name\": \"read_file\", \"arguments\": "
+                     f"{{\"path\": \"src/module_{t}.py\"}}}}\n</tool_call>"})
+        msgs.append({"role": "user", "content": "<tool_response>\n" + tool_result(t, words) +
+                     "\n</tool_response>"})
+        out.append(list(msgs))
+    return out
+
+
+def turn(url: str, messages: list[dict], tokens: int, model: str | None,
+         ) -> tuple[float, float, int]:
+    """(ttft_s, decode tok/s, prompt tokens or 0) of one streamed greedy turn (the
+    completion tokens from the final ``usage``/``mtp`` stats where the server sends them)."""
+    import httpx
+
+    body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    t0 = time.perf_counter()
+    first = last = 0.0
+    n, prompt, done = 0, 0, 0
+    with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/chat/completions",
+                                                  json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            usage = obj.get("usage") or obj.get("mtp") or {}
+            prompt = usage.get("prompt_tokens") or prompt
+            done = usage.get("completion_tokens") or done
+            delta = ((obj.get("choices") or [{}])[0].get("delta") or {})
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                n += 1  # chunks (this engine sends a cycle's tokens in one)
+    n = done or n  # tokens, where the server says
+    rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
+    return (first - t0 if first else 0.0), rate, prompt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.agent_session",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--turns", type=int, default=30)
+    p.add_argument("--result-words", type=int, default=120)
+    p.add_argument("--reply-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    import engine
+
+    model = args.model or str(engine.default_model_path())
+    ours, url = start_server(model, True)
+    theirs, their_url = start_mlx_lm(model)
+    print("turn  prompt  TTFT ms (engine / mlx-lm = ratio)   decode tok/s (engine / mlx-lm "
+          "= ratio)", flush=True)
+    try:
+        for t, msgs in enumerate(conversation(args.turns, args.result_words), 1):
+            order = [(url, None), (their_url, model)]
+            res = {}
+            for u, m in (order if t % 2 else order[::-1]):
+                res[u] = turn(u, msgs, args.reply_tokens, m)
+            (a_ttft, a_rate, n), (b_ttft, b_rate, _) = res[url], res[their_url]
+            print(f"{t:4d} {n:7d}  {a_ttft * 1e3:7.0f} / {b_ttft * 1e3:7.0f} = "
+                  f"{a_ttft / b_ttft if b_ttft else 0:5.2f}   {a_rate:7.1f} / {b_rate:7.1f} = "
+                  f"{a_rate / b_rate if b_rate else 0:5.2f}", flush=True)
+    finally:
+        stop_server(ours)
+        theirs.terminate()
+        theirs.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

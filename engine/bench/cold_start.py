@@ -1,0 +1,213 @@
+"""``python -m engine.bench.cold_start``: what a fresh server costs its first users.
+
+Each round starts fresh ``engine serve`` processes (``--port 0``) in alternating order, with
+the background warm-up on (``engine.core.warmup``) and off (``MTP_WARMUP=0``), and measures
+through HTTP (``/v1/chat/completions``, SSE, greedy):
+
+1. Bursts: ``--streams`` requests sent at once right after the server says it listens (the
+   *first* burst), then the same requests one at a time, then the burst twice more (*warm*).
+   Aggregate tok/s = all tokens / the burst's wall time. Ratios: first burst / warm burst
+   (goal >= 0.9) and first burst / one at a time (goal >= 2).
+   ``settled``: a third server with the warm-up on whose first burst waits until ``/health``
+   says the warm-up finished (what a server started a few seconds before its users sees).
+   Every phase sends questions new to the prompt cache (tagged per phase), so a warm burst
+   prefills as much as the first.
+2. Replies: a server's first ``--depth`` reply right after it listens against its next two
+   (decode tok/s: tokens after the first over the time from the first to the last; goal: the
+   first >= 0.9 x the warm ones).
+
+Prints medians over ``--rounds`` and the per-round figures. Fresh processes load the model
+each time (seconds each): keep ``--rounds`` small on a loaded machine, where every figure is
+noisy; the interleaving (on/off in alternating order) is what makes the ratios comparable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTIONS = ("Write a Python function that reverses a list, with a docstring.",
+             "Explain what os.path.join does, with an example.",
+             "Write a Python class for a stack with push and pop.",
+             "How do I read a JSON file in Python? Show code.",
+             "Write a function that counts words in a string.",
+             "Explain list comprehensions with two examples.",
+             "Write a Python function that checks for a palindrome.",
+             "How do I sort a dict by value in Python?")
+
+
+def start_server(model: str | None, warmup: bool, extra: list[str] = ()) -> tuple:
+    """(process, url) of a fresh ``engine serve``, returned once it listens."""
+    cmd = [sys.executable, "-m", "engine", "serve", "--json", "--port", "0", *extra]
+    if model:
+        cmd += ["--model", model]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MTP_WARMUP="1" if warmup else "0")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        raise SystemExit("the server did not start")
+    return proc, json.loads(line)["url"]
+
+
+def stop_server(proc) -> None:
+    proc.send_signal(2)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def stream_chat(url: str, question: str, tokens: int, depth) -> tuple[float, float, int, float]:
+    """(send time, first token time, tokens, last token time) of one streamed greedy reply."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": tokens,
+            "temperature": 0, "stream": True, "mtp": {"depth": depth}}
+    t0 = time.perf_counter()
+    first = last = 0.0
+    n = 0
+    with httpx.Client(timeout=300) as client, \
+            client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            n = (obj.get("mtp") or {}).get("completion_tokens", n)
+            delta = ((obj.get("choices") or [{}])[0].get("delta") or {})
+            if delta.get("content") or delta.get("reasoning_content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    return t0, first, n, last
+
+
+def burst(url: str, questions: list[str], tokens: int, depth) -> float:
+    """Aggregate tok/s of ``questions`` sent at once."""
+    out: list = [None] * len(questions)
+
+    def one(i: int) -> None:
+        out[i] = stream_chat(url, questions[i], tokens, depth)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(questions))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(r[2] for r in out) / (max(r[3] for r in out) - t0)
+
+
+def sequential(url: str, questions: list[str], tokens: int, depth) -> float:
+    t0 = time.perf_counter()
+    n = sum(stream_chat(url, q, tokens, depth)[2] for q in questions)
+    return n / (time.perf_counter() - t0)
+
+
+def decode_rate(url: str, question: str, tokens: int, depth) -> float:
+    _, first, n, last = stream_chat(url, question, tokens, depth)
+    return (n - 1) / (last - first) if last > first and n > 1 else 0.0
+
+
+def wait_warm(url: str, timeout: float = 300.0) -> float:
+    """Seconds until ``/health`` reports the warm-up finished."""
+    import httpx
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        warm = httpx.get(url + "/health", timeout=10).json().get("warmup")
+        if not warm or warm.get("finished"):
+            break
+        time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
+def tagged(tag: str, n: int) -> list[str]:
+    """``n`` questions that start with ``tag``: new to the server's prompt cache, so every
+    phase prefills as much as the first burst does."""
+    return [f"({tag}) {QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
+
+
+def burst_round(model, mode: str, args) -> dict:
+    n = args.streams
+    proc, url = start_server(model, mode != "off", ["--max-streams", str(n)])
+    try:
+        waited = wait_warm(url) if mode == "settled" else 0.0
+        first = burst(url, tagged("a", n), args.tokens, args.burst_depth)
+        seq = sequential(url, tagged("b", n), args.tokens, args.burst_depth)
+        warm = statistics.median(burst(url, tagged(t, n), args.tokens, args.burst_depth)
+                                 for t in ("c", "d"))
+    finally:
+        stop_server(proc)
+    return {"mode": mode, "first": first, "sequential": seq, "warm": warm, "waited_s": waited,
+            "first/warm": first / warm, "first/sequential": first / seq}
+
+
+def reply_round(model, mode: str, args) -> dict:
+    proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)])
+    try:
+        first = decode_rate(url, tagged("a", 1)[0], args.tokens, args.depth)
+        warm = statistics.median(decode_rate(url, tagged(t, 1)[0], args.tokens, args.depth)
+                                 for t in ("b", "c"))
+    finally:
+        stop_server(proc)
+    return {"mode": mode, "first": first, "warm": warm, "first/warm": first / warm}
+
+
+def _print(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
+    print(title)
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        med = {k: statistics.median(r[k] for r in mine) for k in keys}
+        print(f"  warm-up {mode:8s} median of {len(mine)}: " +
+              ", ".join(f"{k} {med[k]:.2f}" for k in keys))
+        for r in mine:
+            print("      " + ", ".join(f"{k} {r[k]:.2f}" for k in keys))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.cold_start",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--depth", type=int, default=3, help="the replies' fixed depth")
+    p.add_argument("--burst-depth", default="auto", help="the bursts' depth (auto or 0..6)")
+    p.add_argument("--skip-replies", action="store_true")
+    p.add_argument("--skip-bursts", action="store_true")
+    args = p.parse_args(argv)
+    if args.burst_depth != "auto":
+        args.burst_depth = int(args.burst_depth)
+    bursts, replies = [], []
+    for r in range(args.rounds):
+        modes = ("on", "off", "settled") if r % 2 == 0 else ("off", "on", "settled")
+        for mode in modes:
+            if not args.skip_bursts:
+                bursts.append(burst_round(args.model, mode, args))
+                print(f"round {r + 1} burst {mode}: " + json.dumps(
+                    {k: round(v, 2) if isinstance(v, float) else v
+                     for k, v in bursts[-1].items()}), flush=True)
+            if not args.skip_replies and mode != "settled":
+                replies.append(reply_round(args.model, mode, args))
+                print(f"round {r + 1} reply {mode}: " + json.dumps(
+                    {k: round(v, 2) if isinstance(v, float) else v
+                     for k, v in replies[-1].items()}), flush=True)
+    if bursts:
+        _print(f"{args.streams}-stream bursts, {args.tokens} tokens each, depth "
+               f"{args.burst_depth} (aggregate tok/s; goals: first/warm >= 0.9, "
+               "first/sequential >= 2):", bursts,
+               ("first", "warm", "sequential", "first/warm", "first/sequential", "waited_s"))
+    if replies:
+        _print(f"first depth-{args.depth} reply of a fresh server vs its next ones (decode "
+               "tok/s; goal first/warm >= 0.9):", replies, ("first", "warm", "first/warm"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

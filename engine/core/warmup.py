@@ -1,0 +1,186 @@
+"""Warm-up: compile the shapes a model's batches will use before a request needs them.
+
+Every new (rows, draft depth) pair runs graphs MLX has not seen: the trunk's compiled layers
+(``engine.models.trunk``: one ``mx.compile`` per input shape), the verify forward over
+(rows, depth + 1) tokens, the MTP head's steps, the plain step, the compiled draws. Each
+compiles on first use, so a fresh process's first burst of streams, or its first reply at a
+depth, pays for it in the middle of the reply. ``WarmUp`` runs those shapes ahead, through
+the real decoder (so exactly the graphs a request will run are made), on a private
+``Carryover`` (the prompt cache, the disk cache and the depth controllers never see it).
+
+Contract:
+- ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
+  grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
+  for two cycles (the first compiles, the second is timed).
+- The timed cycles of the greedy units are handed to the model's shared carryover
+  (``Carryover.hint_costs``) when the warm-up ends: a depth controller made afterwards for a
+  batch size starts from what a cycle at each depth costs at that size, so a fresh process's
+  batches choose their depth without a warm-up schedule of their own, as a warm one's do.
+- ``step()`` runs ONE decoder step (at most one prefill chunk of a few tokens and one cycle)
+  and returns whether more remain: the host calls it only while no request waits, so a request
+  never waits for more than one warm-up cycle, and never for the whole warm-up.
+- ``done``/``total`` count (rows, depth, sampling) cells covered; ``on_progress(done, total)``
+  is called after each step that covered a new one (and once at the end). ``cancel()`` stops
+  it (``finished`` becomes True; what was compiled stays compiled). Errors end the warm-up
+  quietly (logged): it never costs a request.
+- Exactness is untouched: it only runs the decoder; what it leaves behind is MLX's compiled
+  graphs, which compute the same values warm or cold.
+
+``MTP_WARMUP=0`` in the environment turns it off (``enabled()``), for A/B measurements
+(``python -m engine.bench.cold_start``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from engine.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+ENV = "MTP_WARMUP"
+# the depths ``depth="auto"`` visits first, then the rest of its range (auto tries 0..4)
+DEFAULT_DEPTHS = (3, 2, 1, 0, 4)
+PROMPT = "def main():\n    items = [1, 2, 3]\n    for"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class WarmUp:
+    """See the module docstring. Not thread-safe: the model's thread calls ``step``;
+    ``cancel`` and the counters may be read from any thread."""
+
+    def __init__(self, model, *, max_streams: int, depths: tuple[int, ...] | None = None,
+                 samplings: tuple[SamplingParams, ...] = (GREEDY, SamplingParams()),
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
+        from engine.core.carryover import Carryover
+
+        info = model.info
+        if depths is None:
+            depths = DEFAULT_DEPTHS if info.has_mtp else (0,)
+        self.model = model
+        self.max_streams = max(1, int(max_streams))
+        self.units = [(d, s) for s in samplings for d in depths if d <= max(info.max_depth, 0)]
+        self.total = len(self.units) * self.max_streams
+        self.done = 0
+        self.on_progress = on_progress
+        self.started_at: float | None = None
+        self.seconds = 0.0
+        self._carry = Carryover()
+        self._ids = list(model.tokenizer.encode(PROMPT))
+        self._cancel = threading.Event()
+        self._unit = 0
+        self._dec = None
+        self._covered: set[int] = set()
+        self._cycles: dict[int, int] = {}
+        self.costs: dict[int, dict[int, float]] = {}  # rows -> depth -> seconds (greedy units)
+        self._steps = 0
+        self.finished = not self.units
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if not self.total else self.done / self.total
+
+    def step(self) -> bool:
+        """One decoder step of the warm-up; whether more remain (see the module docstring)."""
+        if self.finished:
+            return False
+        if self._cancel.is_set():
+            return self._stop()
+        t0 = time.perf_counter()
+        if self.started_at is None:
+            self.started_at = t0
+        try:
+            more = self._advance()
+        except Exception:  # noqa: BLE001 - a warm-up never costs a request
+            log.warning("warm-up stopped", exc_info=True)
+            more = self._stop()
+        self.seconds += time.perf_counter() - t0
+        return more
+
+    def _advance(self) -> bool:
+        depth, params = self.units[self._unit]
+        dec = self._dec
+        if dec is None:
+            dec = self._dec = self.model.decoder(max_streams=self.max_streams,
+                                                 carryover=self._carry)
+            self._covered, self._steps, self._cycles = set(), 0, {}
+        rows = len(dec.active)
+        if dec.room > 0 and not dec.waiting and (rows == 0 or self._cycles.get(rows, 0) >= 2):
+            dec.add(self._ids, max_tokens=8 * (self.max_streams + 2) * (depth + 1),
+                    depth=depth, sampling=params, seed=self._steps)  # one row more
+        dec.admit_step()
+        rows = len(dec.active)
+        t0 = time.perf_counter()
+        dec.cycle_step()
+        seconds = time.perf_counter() - t0
+        self._steps += 1
+        before = len(self._covered)
+        if rows:
+            self._cycles[rows] = n = self._cycles.get(rows, 0) + 1
+            if n >= 2:
+                self._covered.add(rows)
+                if params.temperature == 0:
+                    self.costs.setdefault(rows, {})[depth] = seconds
+        if len(self._covered) > before:
+            self.done += 1
+            self._report()
+        if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
+            self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
+            self._end_unit()
+            self._unit += 1
+            if self._unit >= len(self.units):
+                return self._stop()
+        return True
+
+    def _end_unit(self) -> None:
+        if self._dec is not None:
+            self._dec.close()
+            self._dec = None
+
+    def _stop(self) -> bool:
+        self._end_unit()
+        self.finished = True
+        self._carry.reset_prompt_cache()
+        if self.costs and not self._cancel.is_set():
+            from engine.core.carryover import carryover_of
+
+            carryover_of(self.model).hint_costs(self.costs)
+        try:
+            import mlx.core as mx
+
+            mx.clear_cache()
+        except Exception:  # noqa: BLE001
+            pass
+        self._report()
+        if self.started_at is not None:
+            log.info("warm-up %s: %d/%d shapes in %.1f s of steps",
+                     "cancelled" if self._cancel.is_set() else "done", self.done, self.total,
+                     self.seconds)
+        return False
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            try:
+                self.on_progress(self.done, self.total)
+            except Exception:  # noqa: BLE001 - a broken listener must not stop the worker
+                log.exception("warm-up progress listener failed")
+
+
+def for_model(model, *, max_streams: int,
+              on_progress: Callable[[int, int], None] | None = None) -> WarmUp | None:
+    """A warm-up for ``model`` (None: turned off, or a model without the engine's decoder,
+    such as a scripted fake)."""
+    if not enabled() or model is None or not hasattr(model, "decoder") \
+            or not hasattr(model, "tokenizer") or not hasattr(model, "trunk"):
+        return None
+    return WarmUp(model, max_streams=max_streams, on_progress=on_progress)

@@ -1,0 +1,110 @@
+"""The background warm-up (engine/core/warmup.py): it compiles the (rows, depth) shapes ahead
+through the real decoder, leaves the shared prompt cache and depth controllers alone, yields
+to a request after one step, reports progress, can be cancelled, and can be turned off."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine.core import warmup
+from engine.core.carryover import carryover_of
+from engine.core.scheduler import Done, GenRequest, Scheduler, Started
+from engine.types import SamplingParams
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def warmup_on(monkeypatch):
+    monkeypatch.setenv(warmup.ENV, "1")  # tests/conftest.py turns it off for the others
+
+
+def _compiled_shapes(model) -> set[tuple[int, int]]:
+    """(rows, tokens) of every compiled GDN layer function on the trunk's first linear layer."""
+    layer = next(la for la in model.text_model.model.layers if la.is_linear)
+    fns = layer.__dict__.get("_mtpchat_layer", {})
+    return {(key[0][0], key[0][1]) for key in fns}
+
+
+def test_warmup_compiles_every_row_count_ahead(tiny_model):
+    before = _compiled_shapes(tiny_model)
+    carry = carryover_of(tiny_model)
+    cached = list(carry.prompt_cache.snapshots)
+    controllers = dict(carry.controllers)
+    seen: list[tuple[int, int]] = []
+    w = warmup.WarmUp(tiny_model, max_streams=3, depths=(2, 1), samplings=(warmup.GREEDY,),
+                      on_progress=lambda d, t: seen.append((d, t)))
+    assert w.total == 6
+    steps = 0
+    while w.step():
+        steps += 1
+        assert steps < 200
+    assert w.finished and w.done == w.total == 6
+    assert seen[-1] == (6, 6) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    shapes = _compiled_shapes(tiny_model) - before
+    # verify forwards over depth + 1 tokens at every row count 1..3 were compiled by the warm-up
+    for rows in (1, 2, 3):
+        for tokens in (2, 3):
+            assert (rows, tokens) in shapes | before, (rows, tokens, shapes)
+    assert dict(carry.controllers) == controllers
+    try:  # the timed cycles seed the controllers made from now on, per batch size
+        assert set(carry.cost_hints) == {1, 2, 3}
+        assert all(set(h) == {1, 2} and min(h.values()) > 0 for h in carry.cost_hints.values())
+        fresh = carry.controller(tiny_model, 2)
+        assert fresh.warmup == 0 and fresh.state()["cost"]
+        del carry.controllers[2]
+    finally:
+        carry.cost_hints.clear()
+    assert list(carry.prompt_cache.snapshots) == cached
+    assert not w.step()  # finished: nothing more
+
+
+def test_warmup_cancel_and_switch(tiny_model, monkeypatch):
+    w = warmup.WarmUp(tiny_model, max_streams=2, depths=(1,), samplings=(warmup.GREEDY,))
+    assert w.step()
+    w.cancel()
+    assert not w.step() and w.finished and w.done < w.total
+    monkeypatch.setenv(warmup.ENV, "0")
+    assert warmup.for_model(tiny_model, max_streams=2) is None
+    monkeypatch.setenv(warmup.ENV, "1")
+    assert warmup.for_model(tiny_model, max_streams=2) is not None
+    assert warmup.for_model(object(), max_streams=2) is None  # a scripted fake: nothing to warm
+
+
+def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
+    progress: list[tuple[int, int]] = []
+    sched = Scheduler(model=tiny_model, max_streams=4)
+    started = threading.Event()
+    sched.add_warmup_listener(lambda d, t: (progress.append((d, t)), started.set()))
+    sched.start()
+    try:
+        sched.wait_ready(30)
+        assert started.wait(60), "the warm-up never reported progress"
+        w = sched.warmup
+        assert w is not None and sched.status()["warmup"]["total"] == w.total
+        items: list = []
+        done = threading.Event()
+        submitted_during = not w.finished
+
+        def sink(item) -> None:
+            items.append(item)
+            if isinstance(item, Done):
+                done.set()
+        sched.submit(GenRequest(id="r", prompt_ids=tuple(tiny_model.tokenizer.encode("hello")),
+                                max_tokens=8, depth=2, sampling=SamplingParams(temperature=0.0)),
+                     sink)
+        assert done.wait(60)
+        waited = next(i.waited_s for i in items if isinstance(i, Started))
+        if submitted_during:  # at most one warm-up step stood before it
+            assert waited < 5.0
+        deadline = time.time() + 90
+        while not w.finished and time.time() < deadline:
+            time.sleep(0.05)
+        assert w.finished and w.done == w.total
+        assert progress[-1] == (w.total, w.total)
+        assert sched.status()["warmup"]["finished"] is True
+    finally:
+        sched.stop()
+        carryover_of(tiny_model).cost_hints.clear()
