@@ -163,17 +163,14 @@ def _sampling(args):
 def within_budget(model, ids: list[int], args) -> tuple[int, str]:
     """(max_tokens cut to the memory budget, a note when cut); raises MemoryRefused
     (shown as a one-line error) when the prompt alone does not fit."""
-    from engine.core.memory import MemoryGate, parse_budget
+    from engine.core.memory import MemoryGate, cut_note, parse_budget
 
     gate = MemoryGate(parse_budget(args.memory_budget) if args.memory_budget else None)
     gate.attach(model)
     depth = parse_depth(args.depth)
     depth = model.info.max_depth if depth == "auto" else depth
     _, max_tokens = gate.verdict("cli", len(ids), args.max_tokens, depth)
-    note = "" if max_tokens >= args.max_tokens else (
-        f"the reply was cut at {max_tokens:,} tokens: a longer one would outgrow the memory "
-        f"budget ({gate.budget / 1e9:.2f} GB, --memory-budget)")
-    return max_tokens, note
+    return max_tokens, "" if max_tokens >= args.max_tokens else cut_note(max_tokens, gate.budget)
 
 
 def run(args) -> int:
@@ -206,7 +203,7 @@ def _report(args, events, extra=None, note: str = "") -> None:
     if shown and not args.json:
         sys.stdout.write(shown.flush())
     if note and tally.summary().finish_reason == "length":
-        print(f"\nnote: {note}", file=sys.stderr)
+        print(f"\n{note}", file=sys.stderr)
     if args.json:
         print(json.dumps({**json_report(tally, trace=args.trace), **(extra() if extra else {})}))
     else:

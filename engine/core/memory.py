@@ -51,8 +51,15 @@ class MemoryRefused(GenerationError):
     """A request whose memory need alone exceeds the budget (HTTP 400)."""
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GB" if n >= 2**28 else f"{n / 2**20:.0f} MB"
+def size_text(n: float) -> str:
+    """A byte count in decimal units, as everywhere in the app: "1.23 GB", "456 MB"."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def cut_note(tokens: int, budget: int) -> str:
+    """What a reply cut short by the budget says."""
+    return (f"The reply was cut at {tokens:,} tokens: a longer one would outgrow the memory "
+            f"budget ({size_text(budget)}, --memory-budget).")
 
 
 @dataclass(frozen=True)
@@ -187,8 +194,8 @@ class MemoryGate:
         self.budget = int(budget)
         self.cache_limit = max(int((self.budget - self.base) * CACHE_SHARE), 0)
         self._set_mlx_limits()
-        log.info("memory budget %s (base %s with the model loaded)", _gib(self.budget),
-                 _gib(self.base))
+        log.info("memory budget %s (base %s with the model loaded)", size_text(self.budget),
+                 size_text(self.base))
 
     def _set_mlx_limits(self) -> None:
         try:
@@ -208,9 +215,9 @@ class MemoryGate:
         room = self.budget - self.base - self.cache_limit
         if fp.need(prompt, 1, depth) > room:
             raise MemoryRefused(
-                f"This request needs about {_gib(fp.need(prompt, 1, depth))} of memory for its "
-                f"{prompt:,}-token prompt, more than the {_gib(max(room, 0))} the memory "
-                f"budget ({_gib(self.budget)}, --memory-budget) leaves beside the model. "
+                f"This request needs about {size_text(fp.need(prompt, 1, depth))} of memory for its "
+                f"{prompt:,}-token prompt, more than the {size_text(max(room, 0))} the memory "
+                f"budget ({size_text(self.budget)}, --memory-budget) leaves beside the model. "
                 "Shorten the prompt or raise the budget.")
         fits = max_tokens
         if fp.need(prompt, max_tokens, depth) > room:  # the most reply tokens that fit alone

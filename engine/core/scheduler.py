@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.core.memory import MemoryGate
+from engine.core.memory import MemoryGate, cut_note, size_text
 from engine.metrics.summary import ReplySummary, ReplyTally
 from engine.types import Depth, Event, ModelInfo, SamplingParams
 
@@ -444,7 +444,7 @@ class Scheduler:
             self._finish(req, sink, Failed(exc))
             return True
         if max_tokens < req.max_tokens:
-            self._notes[st.id] = _cut_note(max_tokens, self.memory.budget)
+            self._notes[st.id] = cut_note(max_tokens, self.memory.budget)
         live[st.id] = (req, sink, tally)
         return True
 
@@ -469,7 +469,7 @@ class Scheduler:
             from engine.core.memory import MemoryRefused
 
             return MemoryRefused("This request does not fit in the memory budget "
-                                 f"({self.memory.budget / 2**30:.2f} GB, --memory-budget).")
+                                 f"({size_text(self.memory.budget)}, --memory-budget).")
         return None if kind == "wait" else (ids, max_tokens)
 
     def _batch_step(self, dec, live: dict) -> bool:
@@ -488,7 +488,7 @@ class Scheduler:
                 return False
             self._deliver(events, live)
         for sid in self.memory.cut_growth(dec.active, live, self._notes):
-            self._notes[sid] = _cut_note(len(_stream_of(dec, sid).reply.generated) + 1,
+            self._notes[sid] = cut_note(len(_stream_of(dec, sid).reply.generated) + 1,
                                          self.memory.budget)
         return True
 
@@ -533,11 +533,6 @@ class Scheduler:
 
 def _stream_of(dec, sid: str):
     return next(st for st in dec.active if st.id == sid)
-
-
-def _cut_note(tokens: int, budget: int) -> str:
-    return (f"The reply was cut at {tokens:,} tokens: a longer one would outgrow the memory "
-            f"budget ({budget / 2**30:.2f} GB, --memory-budget).")
 
 
 def _prepare_view(model) -> None:
