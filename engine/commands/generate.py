@@ -167,9 +167,7 @@ def within_budget(model, ids: list[int], args) -> tuple[int, str]:
 
     gate = MemoryGate(parse_budget(args.memory_budget) if args.memory_budget else None)
     gate.attach(model)
-    depth = parse_depth(args.depth)
-    depth = model.info.max_depth if depth == "auto" else depth
-    _, max_tokens = gate.verdict("cli", len(ids), args.max_tokens, depth)
+    _, max_tokens = gate.verdict("cli", len(ids), args.max_tokens, parse_depth(args.depth))
     return max_tokens, "" if max_tokens >= args.max_tokens else cut_note(max_tokens, gate.budget)
 
 

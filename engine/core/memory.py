@@ -206,9 +206,10 @@ class MemoryGate:
         except Exception:  # noqa: BLE001 - an MLX without these calls: the gate still holds
             log.debug("could not set MLX's memory limits", exc_info=True)
 
-    def verdict(self, rid: str, prompt: int, max_tokens: int, depth: int,
+    def verdict(self, rid: str, prompt: int, max_tokens: int, depth: int | str,
                 ) -> tuple[str, int | None]:
-        """See the module docstring."""
+        """See the module docstring (``depth`` "auto": the model's deepest draft)."""
+        depth = self.auto_depth if depth == "auto" else int(depth)
         fp = self.footprint
         if fp is None:
             return "run", max_tokens
@@ -228,6 +229,11 @@ class MemoryGate:
         with self._lock:
             self._reserved[rid] = need
         return "run", min(fits, max_tokens)
+
+    def refusal(self) -> MemoryRefused:
+        """For a request that must wait for memory though nothing else runs."""
+        return MemoryRefused("This request does not fit in the memory budget "
+                             f"({size_text(self.budget)}, --memory-budget).")
 
     def remeasure(self) -> None:
         """While nothing runs: what the process holds beyond the kept replies and MLX's

@@ -59,7 +59,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.core.memory import MemoryGate, cut_note, size_text
+from engine.core.memory import MemoryGate, cut_note
+from engine.errors import EngineError
 from engine.metrics.summary import ReplySummary, ReplyTally
 from engine.types import Depth, Event, ModelInfo, SamplingParams
 
@@ -212,11 +213,7 @@ class Scheduler:
             started = list(self._sinks.values())
             self._sinks.clear()
         queued = []
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        while (job := _poll(self._queue)) is not _EMPTY:
             if job is not None:
                 queued.append(job)
         for req, sink in started + queued:
@@ -304,10 +301,8 @@ class Scheduler:
     def _next_job(self) -> tuple[GenRequest, Sink] | None:
         """The next request; while none waits, the warm-up runs one step at a time."""
         while self.warm_step():
-            try:
-                return self._queue.get_nowait()
-            except queue.Empty:
-                pass
+            if (job := _poll(self._queue)) is not _EMPTY:
+                return job
         return self._queue.get()
 
     # ------------------------------------------------------------------ warm-up
@@ -348,11 +343,8 @@ class Scheduler:
     def run_next(self) -> bool:
         """Host thread: run the request at the head of the queue (if any) to its end.
         Returns whether one ran."""
-        try:
-            job = self._queue.get_nowait()
-        except queue.Empty:
-            return False
-        return self._run_job(job)
+        job = _poll(self._queue)
+        return job is not _EMPTY and self._run_job(job)
 
     def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
         if job is None:
@@ -381,9 +373,8 @@ class Scheduler:
         while True:
             self._admit_held(dec, live)
             while go_on and not self._held and (dec is None or dec.room > 0):
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
+                nxt = _poll(self._queue)
+                if nxt is _EMPTY:
                     break
                 if nxt is None:
                     go_on = False
@@ -457,19 +448,13 @@ class Scheduler:
             with self._tok_lock:
                 model = self.model
                 if model is None or dec is None:
-                    from engine.errors import EngineError
-
                     raise EngineError("No model is loaded yet.")
                 ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
-            depth = model.info.max_depth if req.depth == "auto" else int(req.depth)
-            kind, max_tokens = self.memory.verdict(req.id, len(ids), req.max_tokens, depth)
+            kind, max_tokens = self.memory.verdict(req.id, len(ids), req.max_tokens, req.depth)
         except Exception as exc:  # noqa: BLE001 - delivered as the request's Failed
             return exc
         if kind == "wait" and alone:
-            from engine.core.memory import MemoryRefused
-
-            return MemoryRefused("This request does not fit in the memory budget "
-                                 f"({size_text(self.memory.budget)}, --memory-budget).")
+            return self.memory.refusal()
         return None if kind == "wait" else (ids, max_tokens)
 
     def _batch_step(self, dec, live: dict) -> bool:
@@ -531,6 +516,17 @@ class Scheduler:
         return None if model is None else model.decoder(max_streams=self.max_streams)
 
 
+_EMPTY = object()  # what ``_poll`` gives when nothing waits (None is the stop sentinel)
+
+
+def _poll(q: queue.Queue):
+    """The queue's next item without waiting, or ``_EMPTY``."""
+    try:
+        return q.get_nowait()
+    except queue.Empty:
+        return _EMPTY
+
+
 def _stream_of(dec, sid: str):
     return next(st for st in dec.active if st.id == sid)
 
@@ -556,8 +552,6 @@ def _constraint_kw(model, response_format) -> dict:
 
 
 def _expected(exc: BaseException) -> bool:
-    from engine.errors import EngineError
-
     return isinstance(exc, EngineError)
 
 
