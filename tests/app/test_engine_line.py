@@ -9,14 +9,14 @@ from app.dashboard.engine_line import EngineLine, describe
 pytestmark = pytest.mark.gui
 
 STATUS = {"warmup": {"done": 12, "total": 80, "finished": False},
-          "memory": {"budget_bytes": 8 * 2**30, "resident_bytes": 2 * 2**30,
-                     "reserved_bytes": 512 * 2**20, "base_bytes": 2**30}}
+          "memory": {"budget_bytes": 8 * 10**9, "resident_bytes": 2 * 10**9,
+                     "reserved_bytes": 512 * 10**6, "base_bytes": 10**9}}
 
 
 def test_describe():
     text = describe(STATUS)
-    assert "Warming up: 12 of 80" in text and "2.0 GiB of the 8.0 GiB budget (25%" in text
-    assert "512.0 MiB" in text
+    assert "Warming up: 12 of 80" in text and "2.0 GB of the 8.0 GB budget (25%" in text
+    assert "512.0 MB" in text
     done = {**STATUS, "warmup": {"done": 80, "total": 80, "finished": True}}
     assert "Warming" not in describe(done) and "budget" in describe(done)
     assert describe({}) == ""
