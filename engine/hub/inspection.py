@@ -30,7 +30,8 @@ RUNTIME_OVERHEAD = 512 * 2**20
 CONVERT_HINT = "convert from the official Qwen repo: python -m engine pull {repo} --convert --bits 4"
 
 __all__ = ["analyse", "inspect_local", "inspect_repo", "machine_verdict", "memory_needed",
-           "needed_file", "parse_header", "read_header", "with_offer"]
+           "needed_file", "parse_header", "read_header", "remote_header", "remote_json",
+           "with_offer"]
 
 
 def _int(d: dict, key: str, default: int = 0) -> int:
@@ -235,30 +236,36 @@ def _inspect_local(path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- remote
 
-def _remote_header(repo_id: str, fname: str, revision: str, token: str | None,
-                   size: int) -> dict:
+def remote_header(repo_id: str, fname: str, revision: str, token: str | None,
+                  size: int) -> tuple[bytes, dict]:
+    """(the header's bytes, its tensors) of a safetensors file on the Hub, read by byte
+    ranges (``size``: the file's, to catch one truncated on the server; 0: unknown)."""
     from engine.hub import client as hub
 
     head = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(0, 7))
     (n,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (0,)
     if n > MAX_HEADER or len(head) < 8:
-        return parse_header(head[:8], name=fname)  # raises with the reason
+        parse_header(head[:8], name=fname)  # raises with the reason
     body = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(8, 7 + n))
-    tensors = parse_header(head[:8] + body[:n], name=fname)
+    blob = head[:8] + body[:n]
+    tensors = parse_header(blob, name=fname)
     if size and 8 + n + checkpoint.header_data_end(tensors) > size:
-        raise ModelLoadError(f"{fname} is truncated on the server ({size} bytes, its header "
-                             f"needs {8 + n + checkpoint.header_data_end(tensors)}).")
-    return tensors
+        raise ModelLoadError(f"{fname} of {repo_id} is truncated on the server ({size} bytes, "
+                             f"its header needs {8 + n + checkpoint.header_data_end(tensors)}).")
+    return blob, tensors
 
 
-def _remote_json(repo_id: str, listing, name: str, token: str | None) -> dict:
+def remote_json(repo_id: str, listing, name: str, token: str | None) -> tuple[dict, int]:
+    """(a JSON file of a Hub repo, the bytes read); ({}, 0) when the repo has no such file."""
     from engine.hub import client as hub
 
     f = listing.file(name)
+    if f is None:
+        return {}, 0
     if f.size > checkpoint.MAX_JSON_BYTES:
         raise ModelLoadError(f"{name} of {repo_id} is implausibly large ({f.size} bytes).")
     data = hub.fetch_bytes(repo_id, name, revision=listing.commit, token=token)
-    return checkpoint.loads_json(data[:checkpoint.MAX_JSON_BYTES + 1], what=name)
+    return checkpoint.loads_json(data[:checkpoint.MAX_JSON_BYTES + 1], what=name), len(data)
 
 
 def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None):
@@ -267,7 +274,7 @@ def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None)
 
     def one(fname: str):
         try:
-            return _remote_header(repo_id, fname, listing.commit, token, sizes[fname]), None
+            return remote_header(repo_id, fname, listing.commit, token, sizes[fname])[1], None
         except ModelLoadError as exc:
             return {}, exc
 
@@ -288,13 +295,13 @@ def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = No
     total = sum(f.size for f in listing.files if f.path in shards)
     if listing.file("config.json") is None:
         raise ModelLoadError(f"{repo_id} has no config.json: it is not a transformers model repo")
-    config = _remote_json(repo_id, listing, "config.json", token)
+    config = remote_json(repo_id, listing, "config.json", token)[0]
     tensors: dict | None = None
     names: list[str] = []
     notes: list[str] = []
     problems: list[ModelLoadError] = []
     if listing.file(checkpoint.INDEX_FILE) is not None:
-        wm = _remote_json(repo_id, listing, checkpoint.INDEX_FILE, token).get("weight_map")
+        wm = remote_json(repo_id, listing, checkpoint.INDEX_FILE, token)[0].get("weight_map")
         names = list(wm) if isinstance(wm, dict) else []
     if shards and len(shards) <= MAX_REMOTE_SHARDS:
         tensors, problems = _remote_tensors(repo_id, listing, shards, token)
