@@ -197,7 +197,7 @@ def candidates_from(raw: dict, card: str, *, repo_id: str | None, name: str | No
 # ----------------------------------------------------------------------------- the source
 
 def _header(repo_id: str, f, commit: str, token: str | None) -> Shard:
-    from engine.hub.inspection import remote_header
+    from engine.hub.remote import remote_header
 
     blob, tensors = remote_header(repo_id, f.path, commit, token, f.size)
     return Shard(f.path, f.size, f.sha256, len(blob), blob, tensors)
@@ -217,7 +217,7 @@ def read_source(repo_id: str, *, revision: str = "main", token: str | None = Non
                 want: tuple[str, ...] = ()) -> Source:
     """Plan a graft from ``repo_id``: its config and the headers of the shards that matter."""
     from engine.hub import client as hub
-    from engine.hub.inspection import remote_json
+    from engine.hub.remote import remote_json
 
     token = hub.resolve_token(token)
     listing = hub.list_repo(repo_id, revision=revision, token=token)

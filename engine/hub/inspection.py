@@ -13,25 +13,23 @@ standard library's ``inspect``.)
 from __future__ import annotations
 
 import logging
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models import checkpoint
+from engine.hub.remote import remote_header, remote_json
 from engine.models.checkpoint import Checkpoint, parse_config, parse_header, read_header
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER = checkpoint.MAX_HEADER
 MAX_REMOTE_SHARDS = 128
 CONTEXT_FOR_ESTIMATE = 8192
 RUNTIME_OVERHEAD = 512 * 2**20
 CONVERT_HINT = "convert from the official Qwen repo: python -m engine pull {repo} --convert --bits 4"
 
 __all__ = ["analyse", "inspect_local", "inspect_repo", "machine_verdict", "memory_needed",
-           "needed_file", "parse_header", "read_header", "remote_header", "remote_json",
-           "with_offer"]
+           "needed_file", "parse_header", "read_header", "with_offer"]
 
 
 def _int(d: dict, key: str, default: int = 0) -> int:
@@ -235,38 +233,6 @@ def _inspect_local(path: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- remote
-
-def remote_header(repo_id: str, fname: str, revision: str, token: str | None,
-                  size: int) -> tuple[bytes, dict]:
-    """(the header's bytes, its tensors) of a safetensors file on the Hub, read by byte
-    ranges (``size``: the file's, to catch one truncated on the server; 0: unknown)."""
-    from engine.hub import client as hub
-
-    head = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(0, 7))
-    (n,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (0,)
-    if n > MAX_HEADER or len(head) < 8:
-        parse_header(head[:8], name=fname)  # raises with the reason
-    body = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(8, 7 + n))
-    blob = head[:8] + body[:n]
-    tensors = parse_header(blob, name=fname)
-    if size and 8 + n + checkpoint.header_data_end(tensors) > size:
-        raise ModelLoadError(f"{fname} of {repo_id} is truncated on the server ({size} bytes, "
-                             f"its header needs {8 + n + checkpoint.header_data_end(tensors)}).")
-    return blob, tensors
-
-
-def remote_json(repo_id: str, listing, name: str, token: str | None) -> tuple[dict, int]:
-    """(a JSON file of a Hub repo, the bytes read); ({}, 0) when the repo has no such file."""
-    from engine.hub import client as hub
-
-    f = listing.file(name)
-    if f is None:
-        return {}, 0
-    if f.size > checkpoint.MAX_JSON_BYTES:
-        raise ModelLoadError(f"{name} of {repo_id} is implausibly large ({f.size} bytes).")
-    data = hub.fetch_bytes(repo_id, name, revision=listing.commit, token=token)
-    return checkpoint.loads_json(data[:checkpoint.MAX_JSON_BYTES + 1], what=name), len(data)
-
 
 def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None):
     """(tensors, problems) from every shard header, fetched in parallel."""
