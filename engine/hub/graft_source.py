@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,32 +197,10 @@ def candidates_from(raw: dict, card: str, *, repo_id: str | None, name: str | No
 # ----------------------------------------------------------------------------- the source
 
 def _header(repo_id: str, f, commit: str, token: str | None) -> Shard:
-    from engine.hub import client as hub
+    from engine.hub.remote import remote_header
 
-    head = hub.fetch_bytes(repo_id, f.path, revision=commit, token=token, byte_range=(0, 7))
-    if len(head) < 8:
-        raise ModelLoadError(f"{f.path} of {repo_id} is truncated on the server.")
-    (n,) = struct.unpack("<Q", head[:8])
-    if n > checkpoint.MAX_HEADER:
-        checkpoint.parse_header(head[:8], name=f.path)  # raises with the reason
-    body = hub.fetch_bytes(repo_id, f.path, revision=commit, token=token, byte_range=(8, 7 + n))
-    blob = head[:8] + body[:n]
-    tensors = checkpoint.parse_header(blob, name=f"{repo_id}/{f.path}")
-    if f.size and 8 + n + checkpoint.header_data_end(tensors) > f.size:
-        raise ModelLoadError(f"{f.path} of {repo_id} is truncated on the server.")
-    return Shard(f.path, f.size, f.sha256, 8 + n, blob, tensors)
-
-
-def _json(repo_id: str, listing, name: str, token: str | None) -> tuple[dict, int]:
-    from engine.hub import client as hub
-
-    f = listing.file(name)
-    if f is None:
-        return {}, 0
-    if f.size > checkpoint.MAX_JSON_BYTES:
-        raise ModelLoadError(f"{name} of {repo_id} is implausibly large ({f.size} bytes).")
-    data = hub.fetch_bytes(repo_id, name, revision=listing.commit, token=token)
-    return checkpoint.loads_json(data, what=f"{repo_id}'s {name}"), len(data)
+    blob, tensors = remote_header(repo_id, f.path, commit, token, f.size)
+    return Shard(f.path, f.size, f.sha256, len(blob), blob, tensors)
 
 
 def _wanted_shards(index: dict, shards: list[str], want: tuple[str, ...]) -> list[str]:
@@ -240,13 +217,14 @@ def read_source(repo_id: str, *, revision: str = "main", token: str | None = Non
                 want: tuple[str, ...] = ()) -> Source:
     """Plan a graft from ``repo_id``: its config and the headers of the shards that matter."""
     from engine.hub import client as hub
+    from engine.hub.remote import remote_json
 
     token = hub.resolve_token(token)
     listing = hub.list_repo(repo_id, revision=revision, token=token)
-    config, used = _json(repo_id, listing, "config.json", token)
+    config, used = remote_json(repo_id, listing, "config.json", token)
     if not config:
         raise GraftError(f"{repo_id} has no config.json: it is not a model repo to graft from")
-    index, n_index = _json(repo_id, listing, checkpoint.INDEX_FILE, token)
+    index, n_index = remote_json(repo_id, listing, checkpoint.INDEX_FILE, token)
     shards = sorted(f.path for f in listing.files if f.path.endswith(".safetensors")
                     and "/" not in f.path)
     repo_bytes = sum(f.size for f in listing.files if f.path in shards)

@@ -13,17 +13,16 @@ standard library's ``inspect``.)
 from __future__ import annotations
 
 import logging
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models import checkpoint
+from engine.hub.remote import remote_header, remote_json
 from engine.models.checkpoint import Checkpoint, parse_config, parse_header, read_header
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER = checkpoint.MAX_HEADER
 MAX_REMOTE_SHARDS = 128
 CONTEXT_FOR_ESTIMATE = 8192
 RUNTIME_OVERHEAD = 512 * 2**20
@@ -242,39 +241,13 @@ def _inspect_local(path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- remote
 
-def _remote_header(repo_id: str, fname: str, revision: str, token: str | None,
-                   size: int) -> dict:
-    from engine.hub import client as hub
-
-    head = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(0, 7))
-    (n,) = struct.unpack("<Q", head[:8]) if len(head) >= 8 else (0,)
-    if n > MAX_HEADER or len(head) < 8:
-        return parse_header(head[:8], name=fname)  # raises with the reason
-    body = hub.fetch_bytes(repo_id, fname, revision=revision, token=token, byte_range=(8, 7 + n))
-    tensors = parse_header(head[:8] + body[:n], name=fname)
-    if size and 8 + n + checkpoint.header_data_end(tensors) > size:
-        raise ModelLoadError(f"{fname} is truncated on the server ({size} bytes, its header "
-                             f"needs {8 + n + checkpoint.header_data_end(tensors)}).")
-    return tensors
-
-
-def _remote_json(repo_id: str, listing, name: str, token: str | None) -> dict:
-    from engine.hub import client as hub
-
-    f = listing.file(name)
-    if f.size > checkpoint.MAX_JSON_BYTES:
-        raise ModelLoadError(f"{name} of {repo_id} is implausibly large ({f.size} bytes).")
-    data = hub.fetch_bytes(repo_id, name, revision=listing.commit, token=token)
-    return checkpoint.loads_json(data[:checkpoint.MAX_JSON_BYTES + 1], what=name)
-
-
 def _remote_tensors(repo_id: str, listing, shards: list[str], token: str | None):
     """(tensors, problems) from every shard header, fetched in parallel."""
     sizes = {f.path: f.size for f in listing.files}
 
     def one(fname: str):
         try:
-            return _remote_header(repo_id, fname, listing.commit, token, sizes[fname]), None
+            return remote_header(repo_id, fname, listing.commit, token, sizes[fname])[1], None
         except ModelLoadError as exc:
             return {}, exc
 
@@ -295,13 +268,13 @@ def inspect_repo(repo_id: str, *, revision: str = "main", token: str | None = No
     total = sum(f.size for f in listing.files if f.path in shards)
     if listing.file("config.json") is None:
         raise ModelLoadError(f"{repo_id} has no config.json: it is not a transformers model repo")
-    config = _remote_json(repo_id, listing, "config.json", token)
+    config = remote_json(repo_id, listing, "config.json", token)[0]
     tensors: dict | None = None
     names: list[str] = []
     notes: list[str] = []
     problems: list[ModelLoadError] = []
     if listing.file(checkpoint.INDEX_FILE) is not None:
-        wm = _remote_json(repo_id, listing, checkpoint.INDEX_FILE, token).get("weight_map")
+        wm = remote_json(repo_id, listing, checkpoint.INDEX_FILE, token)[0].get("weight_map")
         names = list(wm) if isinstance(wm, dict) else []
     if shards and len(shards) <= MAX_REMOTE_SHARDS:
         tensors, problems = _remote_tensors(repo_id, listing, shards, token)
