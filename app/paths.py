@@ -14,12 +14,12 @@ __all__ = ["resources_dir", "default_model_path", "data_dir", "log_dir", "config
            "models_dir", "db_path", "log_file"]
 
 
-def config_dir() -> Path:
-    return app_dir("config")
+def config_dir(*, create: bool = True) -> Path:
+    return app_dir("config", create=create)
 
 
-def log_dir() -> Path:
-    return app_dir("log")
+def log_dir(*, create: bool = True) -> Path:
+    return app_dir("log", create=create)
 
 
 def log_file() -> Path:

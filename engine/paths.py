@@ -35,8 +35,9 @@ __all__ = ["APP_NAME", "app_dir", "cache_dir", "data_dir", "default_model_path",
            "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
 
 
-def app_dir(kind: str) -> Path:
-    """The app's ``kind`` folder ("data", "cache", "config" or "log"), created if needed:
+def app_dir(kind: str, *, create: bool = True) -> Path:
+    """The app's ``kind`` folder ("data", "cache", "config" or "log"), created if needed
+    (``create=False``: only named, for a reader that copes with its absence):
     ``$MTPCHAT_HOME/<kind>`` when set (tests, portable installs; "log" is "logs"), else the
     platformdirs location."""
     home = os.environ.get("MTPCHAT_HOME")
@@ -46,7 +47,8 @@ def app_dir(kind: str) -> Path:
         import platformdirs
 
         p = Path(getattr(platformdirs, f"user_{kind}_dir")(APP_NAME, APP_NAME))
-    p.mkdir(parents=True, exist_ok=True)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 

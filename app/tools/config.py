@@ -110,9 +110,11 @@ def parse_config(text: str) -> dict[str, ServerSpec]:
 
 
 def config_path() -> Path:
+    """Where mcp.json lives; the folder is made when it is first saved (a read-only home still
+    starts: the file then reads as absent)."""
     from app.paths import config_dir
 
-    return config_dir() / FILE_NAME
+    return config_dir(create=False) / FILE_NAME
 
 
 def load_config(path: Path) -> tuple[dict[str, ServerSpec], str | None]:

@@ -38,7 +38,7 @@ class ToolsManager(QObject):
         self.path = Path(config_file) if config_file else config_path()
         self.specs, self.config_error = load_config(self.path)
         self.prefs = ToolPrefs.from_dict(store.get_setting(PREFS_KEY))
-        self.host = McpHost(log_dir=log_dir or default_log_dir(),
+        self.host = McpHost(log_dir=log_dir or default_log_dir(create=False),  # made on use
                             on_change=self._host_changed.emit)
         self.started = False
         q = Qt.ConnectionType.QueuedConnection
