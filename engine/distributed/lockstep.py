@@ -89,10 +89,13 @@ class LeaderDecoder:
         self._new: dict | None = {"max_streams": max_streams, "use_mtp": use_mtp}
         self._adds: list[dict] = []
         self._flags: dict[str, tuple[threading.Event | None, threading.Event]] = {}
+        self._budgets: dict[str, int] = {}  # each running reply's budget, as last sent
 
     busy = property(lambda self: self.inner.busy)
     room = property(lambda self: self.inner.room)
     waiting = property(lambda self: self.inner.waiting)
+    active = property(lambda self: self.inner.active)
+    carryover = property(lambda self: self.inner.carryover)
 
     def add(self, prompt_ids, *, depth="auto", cancel: threading.Event | None = None,
             constraint=None, drafter=None, **kw):
@@ -120,10 +123,23 @@ class LeaderDecoder:
         for sid in cancel:
             self._flags[sid][1].set()
         msg = {"add": self._adds, "cancel": cancel}
+        cut = self._lowered_budgets()
+        if cut:
+            msg["budget"] = cut
         if self._new is not None:
             msg["new"], self._new = self._new, None
         self._adds = []
         return msg
+
+    def _lowered_budgets(self) -> dict[str, int]:
+        """Reply budgets lowered here since the last step (the scheduler's memory cut,
+        ``engine.core.memory``), so every rank's copy of the reply ends at the same length."""
+        out = {}
+        for st in self.inner.active:
+            b = st.reply.budget
+            if self._budgets.setdefault(st.id, b) != b:
+                self._budgets[st.id] = out[st.id] = b
+        return out
 
     def admit_step(self):
         with self.cluster.watch("a step"):
@@ -146,6 +162,7 @@ class LeaderDecoder:
         for st, ev in events:
             if ev.finish_reason is not None:
                 self._flags.pop(st.id, None)
+                self._budgets.pop(st.id, None)
         return events
 
 
@@ -199,6 +216,8 @@ def follow(cluster, model, *, head_here: bool = True) -> None:
                         constraint=_constraint(model, a["grammar"]))
             for sid in msg["cancel"]:
                 flags[sid].set()
+            for st in dec.active:
+                st.reply.budget = msg.get("budget", {}).get(st.id, st.reply.budget)
             if msg.get("close"):
                 dec.close()
                 continue

@@ -82,3 +82,19 @@ def test_auto_depth_is_fixed_and_a_cancel_goes_through_the_message(tiny_model):
         events += dec.step()
     assert events[-1][1].finish_reason == "cancelled"
     assert [m["cancel"] for m in cluster.sent if m["cancel"]] == [[st.id]]
+
+
+def test_a_budget_cut_on_rank_0_goes_through_the_message(tiny_model):
+    """The scheduler's memory cut lowers a running reply's budget on rank 0 between steps;
+    the next message carries it (once), so every rank's copy ends at the same length."""
+    cluster = OneRank()
+    dec = LeaderDecoder(cluster, tiny_model, max_streams=2)
+    st = dec.add([5, 17, 42], max_tokens=200, depth=2)
+    events = dec.step() + dec.step()
+    cut_at = len(st.reply.generated) + 1
+    st.reply.budget = cut_at
+    while dec.busy:
+        events += dec.step()
+    assert events[-1][1].finish_reason == "length"
+    assert sum(len(ev.token_ids) for _, ev in events) == cut_at
+    assert [m["budget"] for m in cluster.sent if "budget" in m] == [{st.id: cut_at}]
