@@ -38,6 +38,9 @@ def _printer(as_json: bool):
         final = p.phase in ("done", "failed", "cancelled")
         if not final and now - last[0] < 0.3:
             return
+        if p.phase == "failed" and not as_json:  # the CLI's "error: ..." line says it
+            print("\r".ljust(100)[:120] + "\r" if last[0] else "", end="", file=sys.stderr)
+            return
         last[0] = now
         if as_json:
             from dataclasses import asdict

@@ -10,6 +10,7 @@ are cancelled and end with their final event) and exits 0. A non-loopback ``--ho
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -23,8 +24,6 @@ def _port(text: str) -> int:
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        import argparse
-
         raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}")
     return port
 
@@ -52,8 +51,6 @@ def _streams(text: str) -> int:
     except ValueError:
         n = 0
     if not 1 <= n <= 64:
-        import argparse
-
         raise argparse.ArgumentTypeError(f"--max-streams is a number from 1 to 64, not {text!r}")
     return n
 
@@ -65,8 +62,6 @@ def _positive(text: str) -> float:
     except ValueError:
         value = 0.0
     if not value > 0:
-        import argparse
-
         raise argparse.ArgumentTypeError(f"expected a number above 0, not {text!r}")
     return value
 

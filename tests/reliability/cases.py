@@ -166,6 +166,8 @@ CLI = [
          base=None),
     Case("cli", "serve-max-streams-zero", ("serve", "--max-streams", "0"), 2,
          ("--max-streams", "1 to 64"), base=None),
+    Case("cli", "serve-memory-budget-negative", ("serve", "--memory-budget", "-3"), 2,
+         ("--memory-budget", "more than 0"), base=None),
     Case("cli", "bench-streams-not-a-number", ("bench", "--streams", "1,x"), 2,
          ("--streams", "number of streams", "'x'"), base=None),
     Case("cli", "bench-reopen-negative", ("bench", "--reopen", "-1"), 2, ("--reopen",),
