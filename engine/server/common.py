@@ -118,8 +118,13 @@ def number(body: dict, key: str, default, *, lo=None, hi=None, integer: bool = F
         raise bad_request(f"{key} must be a finite number, not {value}", key)
     if (lo is not None and (value < lo or (lo_open and value == lo))) or \
             (hi is not None and value > hi):
-        span = f"{'(' if lo_open else '['}{lo}, {hi}]"
-        raise bad_request(f"{key} must be in {span}, not {value}", key)
+        if hi is None:
+            span = f"{'above' if lo_open else 'at least'} {lo}"
+        elif lo is None:
+            span = f"at most {hi}"
+        else:
+            span = f"in {'(' if lo_open else '['}{lo}, {hi}]"
+        raise bad_request(f"{key} must be {span}, not {value}", key)
     return value
 
 
