@@ -107,6 +107,22 @@ def apply_weights(module, weights: dict, what: str) -> None:
             "corrupt or belongs to a different model size.") from exc
 
 
+def load_trunk(trunk, weights: dict, quant: dict | None) -> dict:
+    """Put ``weights`` (the checkpoint's trunk tensors) into mlx-lm's ``trunk``: its own
+    ``sanitize``, quantized like the checkpoint, loaded strictly; returns the sanitized
+    weights. Every family builds its trunk this way."""
+    try:
+        trunk_w = trunk.sanitize(weights)
+    except Exception as exc:  # noqa: BLE001 - any layout mlx-lm refuses is a load error
+        raise ModelLoadError(f"Unexpected weight layout: {short_error(exc)}") from exc
+    if not trunk_w:
+        raise ModelLoadError("The checkpoint holds no trunk weights.")
+    if quant:
+        quantize_like(trunk, trunk_w, quant)
+    apply_weights(trunk, trunk_w, "trunk")
+    return trunk_w
+
+
 def is_raw_hf_layout(weights: dict) -> bool:
     """Raw HF checkpoints keep conv1d as [C, 1, K]; MLX layout has [C, K, 1]."""
     return any("conv1d.weight" in k and v.shape[-1] != 1 for k, v in weights.items())

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 from mlx_lm.models import deepseek_v3
 
-from engine.models.families.nextn import NextNFamily
+from engine.models.families.nextn import MLANextNFamily
 
 
-class DeepseekV3(NextNFamily):
+class DeepseekV3(MLANextNFamily):
     module = deepseek_v3
-    mask_array = True  # MLA applies the mask to its rotary scores itself (mx.where)
 
     def layer(self, args, index: int):
         return deepseek_v3.DeepseekV3DecoderLayer(args, index)
-
-    def kv_shapes(self, args):
-        return (1, args.kv_lora_rank), (1, args.qk_rope_head_dim)
 
 
 def family(name: str) -> DeepseekV3:

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 from mlx_lm.models import glm4_moe_lite
 
-from engine.models.families.nextn import NextNFamily
+from engine.models.families.nextn import MLANextNFamily
 
 
-class Glm4MoeLite(NextNFamily):
+class Glm4MoeLite(MLANextNFamily):
     module = glm4_moe_lite
-    mask_array = True  # MLA applies the mask to its rotary scores itself (mx.where)
 
     def layer(self, args, index: int):
         return glm4_moe_lite.Glm4MoeLiteDecoderLayer(args, index)
-
-    def kv_shapes(self, args):
-        return (1, args.kv_lora_rank), (1, args.qk_rope_head_dim)
 
 
 def family(name: str) -> Glm4MoeLite:

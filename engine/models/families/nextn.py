@@ -28,7 +28,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from engine.errors import ModelLoadError
-from engine.models.build import Built, apply_weights, quantize_like, short_error
+from engine.models.build import Built, apply_weights, load_trunk, quantize_like, short_error
 from engine.models.checkpoint import nextn_names
 from engine.models.families.base import Family
 
@@ -100,15 +100,8 @@ class NextNFamily(Family):
         trunk = self.build_trunk(cfg)
         raw_layout = bool(nextn) or any(".mlp.experts.0." in k for k in weights)
         check_expert_shapes(weights)
-        try:
-            trunk_w = trunk.sanitize({k: v for k, v in weights.items() if k not in mtp_raw})
-        except Exception as exc:  # noqa: BLE001
-            raise ModelLoadError(f"Unexpected weight layout: {short_error(exc)}") from exc
-        if not trunk_w:
-            raise ModelLoadError("The checkpoint holds no trunk weights.")
-        if cfg.quantization:
-            quantize_like(trunk, trunk_w, cfg.quantization)
-        apply_weights(trunk, trunk_w, "trunk")
+        trunk_w = load_trunk(trunk, {k: v for k, v in weights.items() if k not in mtp_raw},
+                             cfg.quantization)
         declared = int(cfg.text.get("num_nextn_predict_layers") or 0)
         if not mtp_raw:
             note = (f"No nextn MTP layer (model.layers.{cfg.text['num_hidden_layers']}.*): plain "
@@ -210,3 +203,14 @@ def check_expert_shapes(weights: dict) -> None:
             raise ModelLoadError(
                 f"{k} has shape {list(shape)}, unlike the layer's other experts "
                 f"({list(first[slot])}): the checkpoint is corrupt. Re-download the model.")
+
+
+class MLANextNFamily(NextNFamily):
+    """A trunk with multi-head latent attention (DeepSeek-V3's design): its cache holds the
+    compressed KV latent and the rotary key part, and it applies the mask to its rotary scores
+    itself (``mx.where``), so the head's mask is an array."""
+
+    mask_array = True
+
+    def kv_shapes(self, args):
+        return (1, args.kv_lora_rank), (1, args.qk_rope_head_dim)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from engine.errors import ModelLoadError
 from engine.models import trunk as trunk_ops
-from engine.models.build import (Built, apply_weights, is_raw_hf_layout, mtp_key,
-                                 quantize_like, short_error, stack_per_expert)
+from engine.models.build import (Built, apply_weights, is_raw_hf_layout, load_trunk, mtp_key,
+                                 quantize_like, stack_per_expert)
 from engine.models.checkpoint import has_mtp
 from engine.models.families.base import Family
 
@@ -48,15 +48,7 @@ def build_qwen(cfg, weights: dict) -> Built:
     mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
     trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
     trunk = build_trunk(cfg)
-    try:
-        trunk_w = trunk.sanitize(trunk_raw)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(f"Unexpected weight layout: {short_error(exc)}") from exc
-    if not trunk_w:
-        raise ModelLoadError("The checkpoint holds no trunk weights.")
-    if cfg.quantization:
-        quantize_like(trunk, trunk_w, cfg.quantization)
-    apply_weights(trunk, trunk_w, "trunk")
+    trunk_w = load_trunk(trunk, trunk_raw, cfg.quantization)
     if not mtp_raw:
         note = ("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
                 "drop the MTP head; convert from the official Qwen repo to keep it.")
