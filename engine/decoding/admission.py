@@ -57,16 +57,25 @@ class Admission:
         return st
 
     def _prefill(self, st: Stream):
-        """The prompt's chunks; at the carryover's checkpoint (before the chat template's
-        generation prompt) the state goes to the prompt cache, for the next turn."""
+        """The prompt's chunks, one admission step each; at the carryover's checkpoint
+        (before the chat template's generation prompt) the state goes to the prompt cache,
+        for the next turn. The generation prompt (a few tokens) runs in the same step as the
+        chunk before it, so the checkpoint costs no step of its own."""
         cut = self.carryover.checkpoint(self.model, st.prompt)
-        if cut is not None and st.reused < cut:
-            yield from st.session.prefill_chunks(st.prompt[st.reused:cut])
-            st.checkpoint = st.session.snapshot()
-            self.carryover.prompt_cache.keep(st.checkpoint)
-            yield from st.session.prefill_chunks(st.prompt[cut:])
-        elif st.reused < len(st.prompt):
-            yield from st.session.prefill_chunks(st.prompt[st.reused:])
+        if cut is None or st.reused >= cut:
+            if st.reused < len(st.prompt):
+                yield from st.session.prefill_chunks(st.prompt[st.reused:])
+            return
+        chunks = st.session.prefill_chunks(st.prompt[st.reused:cut])
+        fed = next(chunks)
+        for later in chunks:  # every chunk but the last gets its own step
+            yield fed
+            fed = later
+        st.checkpoint = st.session.snapshot()
+        self.carryover.prompt_cache.keep(st.checkpoint)
+        for fed in st.session.prefill_chunks(st.prompt[cut:]):
+            pass
+        yield fed
 
     def first_token(self, st: Stream) -> Event:
         """The prompt's next token, drawn as plain decoding draws it (the stream's first
