@@ -135,6 +135,7 @@ class Composer(QWidget):
         self.attach_error = QLabel("", self)
         self.attach_error.setObjectName("errorText")
         self.attach_error.setAccessibleName("Attachment error")
+        self.attach_error.setWordWrap(True)  # one sentence, wrapped in a narrow window
         self.attach_error.hide()
         lay.addWidget(self.attach_error)
 

@@ -57,6 +57,10 @@ class ImageThumb(QToolButton):
         else:
             self.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
         self.setAutoRaise(True)
+        # a neutral frame: a dark screenshot stays visible on the dark theme, a white one on
+        # the light theme
+        self.setStyleSheet("QToolButton#imageThumb { border: 1px solid rgba(128, 128, 128, 0.6);"
+                           " border-radius: 4px; padding: 2px; }")
         self.setCursor(Qt.CursorShape.PointingHandCursor)
 
 

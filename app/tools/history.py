@@ -7,8 +7,8 @@ An assistant step that called tools keeps the model's own text as its content an
 bound). Each call that ran or was denied has a ``tool`` message after the step, its result as
 content and ``meta`` ``{"tool_call_id", "name", "server", "is_error", "seconds"}``.
 
-``template_message(m, files, vision=)`` is what ``ChatSession.history`` sends for a stored message:
-for user/system/plain assistant messages exactly what it sent before tools existed; for a step,
+``template_message(m, files, vision=)`` is what ``ChatSession.history`` sends for a stored
+message: for user/system/plain assistant messages exactly what it sent before tools existed; for a step,
 ``content`` without the call markup and its thinking as ``reasoning_content`` (the template
 keeps it only in the turns after the last user message, as Qwen3.5 expects), and the calls
 that got a result as ``tool_calls``; a ``tool`` message as ``{"role": "tool", ...}``.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -163,8 +164,11 @@ def open_checked(data: bytes, limits: ImageLimits) -> Image.Image:
             # Pillow's own bomb check (a global, 89 MP) warns; ours below is the one that counts.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=formats)
-    except Image.DecompressionBombError:
-        raise ImageError(f"the image is too large to decode; the limit is "
+    except Image.DecompressionBombError as e:
+        # Pillow's own hard stop (twice its 89 MP warning), before ours could read the size
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        size = f" ({megapixels(int(found.group(1)))} megapixels)" if found else ""
+        raise ImageError(f"the image is too large{size}; the limit is "
                          f"{megapixels(limits.max_pixels)} megapixels") from None
     except Image.UnidentifiedImageError:
         raise ImageError("not an image this app can read (PNG, JPEG, WebP, GIF, BMP, TIFF, "
