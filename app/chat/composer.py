@@ -44,7 +44,8 @@ class ComposerEdit(QPlainTextEdit):
         files = [u.toLocalFile() for u in source.urls() if u.isLocalFile()]
         if files:
             self.files_pasted.emit(files)
-        elif source.hasImage():
+        elif source.hasImage() and not source.text().strip():
+            # (a spreadsheet's cells come as text and a picture of them: the text wins)
             self.image_pasted.emit(QImage(source.imageData()))
         else:
             super().insertFromMimeData(source)

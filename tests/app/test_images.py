@@ -107,6 +107,14 @@ def test_paste_drop_and_attach_show_thumbnails_and_send_parts(qtbot, win, fake, 
     widget.image_viewer.close()
 
 
+def test_a_paste_of_text_with_a_picture_of_it_pastes_the_text(qtbot, win):
+    mime = QMimeData()
+    mime.setText("A1\tB1")  # what a spreadsheet puts on the clipboard, with a bitmap
+    mime.setImageData(QImage.fromData(png()))
+    win.composer.edit.insertFromMimeData(mime)
+    assert win.composer.text == "A1\tB1" and win.composer.attachments == []
+
+
 def test_drop_of_image_data_without_a_file(qtbot, win):
     mime = QMimeData()
     mime.setImageData(QImage.fromData(png()))
@@ -281,3 +289,36 @@ def test_schema_v3_file_is_upgraded_and_keeps_its_attachments(tmp_path):
     (a,), = store.attachments([1]).values()
     assert (a.name, a.kind, a.content, a.data) == ("n.txt", "text", "body", b"")
     store.close()
+
+
+def test_the_worker_renders_image_parts_only_for_a_vision_model(qtbot):
+    """The engine boundary: image parts go to ``chat_prompt``; a model without vision, or a
+    chat with tools, fails the request in one line (the worker survives)."""
+    from app.worker import GenerationRequest
+    from engine.vision.image_io import from_pixels
+    from tests.app.chat_fixtures import Relay, start_worker
+
+    image = from_pixels(np.zeros((4, 6, 3), np.uint8))
+    msgs = ({"role": "user", "content": [{"type": "image", "image": image},
+                                          {"type": "text", "text": "hi"}]},)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for fake, tools, expected in [
+            (FakeModel(tokens_per_second=20000, info=fake_model_info(vision=True)), (), None),
+            (FakeModel(tokens_per_second=20000), (), "cannot read images"),
+            (FakeModel(tokens_per_second=20000, info=fake_model_info(vision=True)), (tool,),
+             "Images and tools")]:
+        wt, _ = start_worker(fake)
+        relay = Relay(wt.worker)
+        try:
+            with qtbot.waitSignal(relay.loaded, timeout=5000):
+                wt.worker.load_model("m")
+            done = relay.finished if expected is None else relay.failed
+            with qtbot.waitSignal(done, timeout=5000) as blocker:
+                wt.worker.submit(GenerationRequest(request_id=1, messages=msgs, tools=tools))
+            if expected is None:
+                sent = "".join(chr(i) for i in fake.calls[-1]["prompt_ids"])
+                assert sent.startswith(f"<|user|><|image:6x4:{image.digest[:12]}|>hi\n")
+            else:
+                assert expected in blocker.args[1] and "\n" not in blocker.args[1]
+        finally:
+            assert wt.shutdown(timeout_ms=10_000)
