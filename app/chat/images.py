@@ -108,7 +108,14 @@ def user_content(text: str, files: Sequence[Attachment], *, vision: bool) -> str
     if not vision:
         names = ", ".join(a.name for a in images)
         return f"[{len(images)} image(s) not shown to this model: {names}]\n\n{body}"
-    parts: list[dict] = [{"type": "image", "image": decoded(a.data)} for a in images]
+    parts: list[dict] = []
+    for a in images:
+        try:
+            parts.append({"type": "image", "image": decoded(a.data)})
+        except ImageError as exc:  # stored bytes damaged on disk: say so, keep the turn
+            body = f"[image {a.name} could not be read: {exc}]\n\n{body}"
+    if not parts:
+        return body
     return parts + [{"type": "text", "text": body}]
 
 

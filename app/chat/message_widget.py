@@ -18,6 +18,7 @@ from app.chat.flow import MarkdownFlow
 from app.chat.full_text import FullTextDialog, size_text
 from app.chat.image_view import MESSAGE_THUMB, ImageThumb, ImageViewer
 from app.chat.images import describe
+from engine.vision.image_io import ImageError
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
 from app.chat.stats_line import format_stats, shorter_stats, stats_tooltip
 from app.elided_label import ElidedLabel
@@ -217,17 +218,18 @@ class MessageWidget(QFrame):
         """Thumbnails of the images sent with this message (a click opens one full size),
         then chips with the names of the files."""
         images = [a for a in files if a.kind == "image"]
-        others = [a for a in files if a.kind != "image"]
+        self.broken_images: list = []
         at = 1
         if images:
             row = QHBoxLayout()
             row.setSpacing(6)
-            self.thumbs = [self._thumb(a) for a in images]
+            self.thumbs = [t for t in map(self._thumb, images) if t is not None]
             for thumb in self.thumbs:
                 row.addWidget(thumb)
             row.addStretch(1)
             self._lay.insertLayout(at, row)
             at += 1
+        others = self.broken_images + [a for a in files if a.kind != "image"]
         if others:
             row = QHBoxLayout()
             row.setSpacing(4)
@@ -237,8 +239,12 @@ class MessageWidget(QFrame):
             row.addStretch(1)
             self._lay.insertLayout(at, row)
 
-    def _thumb(self, a) -> ImageThumb:
-        thumb = ImageThumb(a, MESSAGE_THUMB, parent=self)
+    def _thumb(self, a) -> ImageThumb | None:
+        try:
+            thumb = ImageThumb(a, MESSAGE_THUMB, parent=self)
+        except ImageError:  # damaged on disk: its name, as a file chip (below)
+            self.broken_images.append(a)
+            return None
         thumb.setToolTip(f"{describe(a)}: click to open it full size")
         thumb.setAccessibleName(f"Image {a.name}")
         thumb.clicked.connect(lambda _=False, att=a: self.open_image(att))

@@ -150,6 +150,30 @@ def test_images_are_saved_restored_and_sent_again_after_reopening(qtbot, tmp_pat
         w2.close()
 
 
+def test_an_image_damaged_on_disk_shows_its_name_and_the_chat_goes_on(qtbot, tmp_path, fake):
+    w = make_window(qtbot, tmp_path, fake)
+    w.composer.attach_image("red.png", png())
+    send(qtbot, w, "Describe it.")
+    conv = w.current_conv
+    w.close()
+    con = sqlite3.connect(tmp_path / "chats.db")
+    con.execute("UPDATE attachments SET data = substr(data, 1, 100)")  # a damaged blob
+    con.commit()
+    con.close()
+    w2 = make_window(qtbot, tmp_path, fake)
+    try:
+        w2.chats.open_conversation(conv)
+        user = w2.store.messages(conv)[0]
+        widget = w2.view.widgets[user.id]
+        assert widget.thumbs == [] and [c.text() for c in widget.chips] == ["red.png"]
+        send(qtbot, w2, "Still there?")
+        first = [m for m in fake.prompts[-1] if m["role"] == "user"][0]["content"]
+        assert first.startswith("[image red.png could not be read: the image is damaged")
+        assert w2.store.messages(conv)[-1].meta["status"] == "done"
+    finally:
+        w2.close()
+
+
 def test_export_carries_the_images(qtbot, win, tmp_path):
     data = png()
     win.composer.attach_image("cat [1].png", data)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -189,14 +188,12 @@ def test_bomb_header_is_refused_before_any_pixel_is_decoded():
     assert Image.MAX_IMAGE_PIXELS == 89_478_485  # Pillow's global is left alone
 
 
-def test_real_twenty_thousand_square_image_is_refused_quickly():
+def test_real_twenty_thousand_square_image_is_refused():
     # A real 20000 x 20000 1-bit PNG (its pixel data compresses to a few hundred KB).
     data = save(Image.new("1", (20000, 20000)), "PNG")
-    t0 = time.perf_counter()
     with pytest.raises(ImageError) as err:
         decode_image(data)
-    assert "megapixels" in assert_one_line(err)
-    assert time.perf_counter() - t0 < 30  # not a speed test: a guard against a full decode
+    assert "400 megapixels" in assert_one_line(err)
 
 
 def test_our_limit_applies_below_pillows_own():
