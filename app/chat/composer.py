@@ -22,8 +22,9 @@ from app.chat.attachments import (FILE_FILTER, AttachmentError, estimate_tokens,
                                   read_attachment)
 from app.chat.image_view import THUMB, ImageThumb, png_bytes
 from app.chat.images import (IMAGE_FILTER, PASTED_NAME, describe, image_attachment,
-                             is_image_path, no_vision_message, read_image)
+                             images_of, is_image_path, no_vision_message, read_image)
 from app.db import Attachment
+from engine.vision.image_io import DEFAULT_LIMITS
 
 
 MAX_LINES = 8
@@ -232,25 +233,29 @@ class Composer(QWidget):
         errors = []
         for path in paths:
             try:
-                added.append(self._read(str(path)))
+                added.append(self._read(str(path), added))
             except AttachmentError as exc:
                 errors.append(str(exc))
         self._attached(added, errors)
 
-    def _read(self, path: str) -> Attachment:
+    def _read(self, path: str, added: list[Attachment]) -> Attachment:
         if not is_image_path(path):
             return read_attachment(path)
-        self._check_vision()
+        self._check_image(added)
         return read_image(path)
 
-    def _check_vision(self) -> None:
+    def _check_image(self, added: list[Attachment]) -> None:
+        """Refuse one more image: the model cannot read them, or the message has its most."""
         if not self.vision:
             raise AttachmentError(no_vision_message(self.model_name))
+        if len(images_of(added)) >= DEFAULT_LIMITS.max_images:
+            raise AttachmentError(f"A message can carry at most {DEFAULT_LIMITS.max_images} "
+                                  "images; send these first.")
 
     def attach_image(self, name: str, data: bytes) -> None:
         """Attach image file bytes (pasted or dropped without a file)."""
         try:
-            self._check_vision()
+            self._check_image(self.attachments)
             added = [*self.attachments, image_attachment(name, data)]
         except AttachmentError as exc:
             self._attached(self.attachments, [str(exc)])
@@ -264,6 +269,7 @@ class Composer(QWidget):
         self.attach_image(PASTED_NAME, png_bytes(image))
 
     def _attached(self, files: list[Attachment], errors: list[str]) -> None:
+        errors = list(dict.fromkeys(errors))  # three images refused for one reason: one line
         self.show_attach_error("; ".join(errors))
         for text in errors:
             self.attach_failed.emit(text)

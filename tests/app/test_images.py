@@ -115,6 +115,19 @@ def test_a_paste_of_text_with_a_picture_of_it_pastes_the_text(qtbot, win):
     assert win.composer.text == "A1\tB1" and win.composer.attachments == []
 
 
+def test_at_most_eight_images_per_message(qtbot, win, tmp_path):
+    paths = []
+    for i in range(9):
+        paths.append(tmp_path / f"i{i}.png")
+        paths[-1].write_bytes(png((i * 20, 0, 0), size=(16, 16)))
+    win.composer.attach_paths([str(p) for p in paths])
+    assert [a.name for a in win.composer.attachments] == [f"i{i}.png" for i in range(8)]
+    assert win.composer.attach_error.text() == ("A message can carry at most 8 images; "
+                                                "send these first.")
+    win.composer.attach_image("more.png", png())
+    assert len(win.composer.attachments) == 8
+
+
 def test_drop_of_image_data_without_a_file(qtbot, win):
     mime = QMimeData()
     mime.setImageData(QImage.fromData(png()))
@@ -197,7 +210,8 @@ def test_a_model_without_vision_refuses_at_attach_time(qtbot, tmp_path):
         (tmp_path / "notes.txt").write_text("notes", encoding="utf-8")
         c.attach_paths([str(tmp_path / "notes.txt")])
         (tmp_path / "a.png").write_bytes(png())
-        c.attach_paths([str(tmp_path / "a.png")])
+        (tmp_path / "b.png").write_bytes(png())
+        c.attach_paths([str(tmp_path / "a.png"), str(tmp_path / "b.png")])
         QGuiApplication.clipboard().setImage(QImage.fromData(png()))
         c.edit.paste()
         assert [a.name for a in c.attachments] == ["notes.txt"]  # nothing lost, no image
