@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 log = logging.getLogger(__name__)
 
 
@@ -115,7 +115,14 @@ def _v2_to_v3(db: sqlite3.Connection) -> None:
                    (seq[0],))
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
+def _v3_to_v4(db: sqlite3.Connection) -> None:
+    """Images sent with a message (issue 32): an attachment's file bytes in ``data`` (kind
+    "image"; text attachments keep their text in ``content`` and an empty ``data``)."""
+    db.execute("ALTER TABLE attachments ADD COLUMN data BLOB NOT NULL DEFAULT x''")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v0_to_v1, _v1_to_v2, _v2_to_v3,
+                                                          _v3_to_v4]
 LEAF = object()  # add_message's default parent: the conversation's current leaf
 
 
@@ -146,11 +153,13 @@ class Message:
 
 @dataclass(frozen=True)
 class Attachment:
-    """A file's text sent with a message (``kind``: "text", "code", "markdown" or "pdf")."""
+    """A file sent with a message. ``kind`` "text", "code", "markdown" or "pdf": its text is
+    ``content``; ``kind`` "image": the image file's bytes are ``data`` (``content`` empty)."""
 
     name: str
     content: str
     kind: str = "text"
+    data: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True)
@@ -383,8 +392,9 @@ class ChatStore:
                 (conv_id, role, content, now, json.dumps(meta or {}), parent_id))
             msg_id = int(cur.lastrowid)
             self._db.executemany(
-                "INSERT INTO attachments (message_id, name, kind, content, created_at) "
-                "VALUES (?,?,?,?,?)", [(msg_id, a.name, a.kind, a.content, now) for a in attachments])
+                "INSERT INTO attachments (message_id, name, kind, content, data, created_at) "
+                "VALUES (?,?,?,?,?,?)",
+                [(msg_id, a.name, a.kind, a.content, bytes(a.data), now) for a in attachments])
             self._db.execute("UPDATE conversations SET updated_at=?, leaf_id=? WHERE id=?",
                              (now, msg_id, conv_id))
             self._db.execute("COMMIT")
@@ -484,12 +494,14 @@ class ChatStore:
             return {}
         marks = ",".join("?" * len(msg_ids))
         rows = self._db.execute(
-            f"SELECT message_id, name, kind, content FROM attachments WHERE message_id IN ({marks})"
-            " ORDER BY id", list(msg_ids)).fetchall()
+            f"SELECT message_id, name, kind, content, data FROM attachments "
+            f"WHERE message_id IN ({marks}) ORDER BY id", list(msg_ids)).fetchall()
         out: dict[int, list[Attachment]] = {}
         for r in rows:
+            data = r["data"] if isinstance(r["data"], bytes) else b""
             out.setdefault(r["message_id"], []).append(
-                Attachment(_text(r["name"]), _text(r["content"]), _text(r["kind"]) or "text"))
+                Attachment(_text(r["name"]), _text(r["content"]), _text(r["kind"]) or "text",
+                           data))
         return out
 
     def context_from(self, conv_id: int) -> int | None:

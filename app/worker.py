@@ -68,7 +68,7 @@ from engine.core.scheduler import (
     Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
 from engine.decoding.decoder import DEFAULT_STREAMS
 from engine.depth import tuner
-from engine.errors import EngineError
+from engine.errors import EngineError, GenerationError
 from engine.types import Event, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,12 @@ GIL_SWITCH_S = 0.001
 CHAT = "chat"  # the scheduler client name of the chat's replies
 MAX_QUEUE = 64
 VERIFY_SECONDS = 60.0  # the exactness check's time budget (its sampled replies fill it)
+
+
+def has_image_parts(message: dict) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "image" for p in content)
 
 
 @dataclass(frozen=True)
@@ -304,8 +310,10 @@ class Worker(QObject):
             self.unloaded.emit()
 
     # -- a chat reply, on the worker thread (called by the scheduler) ------------------------
-    def _render(self, req: GenerationRequest, model: Any) -> list[int]:
+    def _render(self, req: GenerationRequest, model: Any) -> Any:
         messages = list(req.messages)
+        if any(has_image_parts(m) for m in messages):
+            return self._render_images(req, model, messages)
         if req.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
             from engine.server.templates import chat_prompt_ids  # the server's tool rendering
 
@@ -316,6 +324,21 @@ class Worker(QObject):
         if self._prompt_opens_think(model, ids):
             self.delta.emit(req.request_id, "<think>\n", [], [])
         return ids
+
+    def _render_images(self, req: GenerationRequest, model: Any, messages: list[dict]) -> Any:
+        """A prompt with images: ``Model.chat_prompt`` (the engine's contract in
+        ``engine.vision``) renders the parts and returns the ids with the images placed."""
+        chat_prompt = getattr(model, "chat_prompt", None)
+        if chat_prompt is None or not getattr(model.info, "vision", False):
+            raise GenerationError("This model cannot read images (it has no vision encoder); "
+                                  "load a vision model to send images.")
+        if req.tools:
+            raise GenerationError("Images and tools in the same chat are not supported yet; "
+                                  "turn the tools off for this chat to send images.")
+        prompt = chat_prompt(messages, enable_thinking=req.enable_thinking)
+        if self._prompt_opens_think(model, list(getattr(prompt, "ids", prompt))):
+            self.delta.emit(req.request_id, "<think>\n", [], [])
+        return prompt
 
     def _on_item(self, rid: int, cancel: threading.Event, item: Item) -> None:
         """The chat reply's sink: one ``delta`` and one ``stats`` per cycle, then the end."""

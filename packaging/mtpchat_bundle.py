@@ -26,12 +26,13 @@ MIN_MACOS = "14.0"
 LINUX_EXE_NAME = "mtpchat"
 METALLIB = "mlx.metallib"
 
-# Never bundled: the app does not use them and they weigh hundreds of MB each.
+# Never bundled: the app does not use them and they weigh hundreds of MB each. (Pillow, PIL,
+# is bundled: images in the chat are decoded with it, engine/vision/image_io.py.)
 HEAVY_EXCLUDES = [
     "torch", "torchvision", "torchaudio", "triton", "tensorflow", "tensorboard", "keras",
     "jax", "jaxlib", "flax", "datasets", "pyarrow", "pandas", "scipy", "sklearn",
     "matplotlib", "IPython", "jupyter", "notebook", "pytest", "_pytest", "pytest_qt",
-    "sympy", "networkx", "onnx", "onnxruntime", "cv2", "tkinter", "_tkinter", "PIL",
+    "sympy", "networkx", "onnx", "onnxruntime", "cv2", "tkinter", "_tkinter",
     "lm_eval", "accelerate", "bitsandbytes", "timm", "torchao",
 ]
 # Qt modules the app does not use (QtCharts, QtSvg, QtOpenGL* stay: the dashboard may chart).

@@ -85,9 +85,12 @@ def _pdf_text(p: Path) -> str:
 
 
 def with_attachments(text: str, files: Iterable[Attachment]) -> str:
-    """The message as the model sees it: each attached file, named, then the message."""
+    """The message as the model sees it: each attached file, named, then the message
+    (images are not text: ``app.chat.images.user_content`` places them)."""
     parts = []
     for a in files:
+        if a.kind == "image":
+            continue
         fence = "````" if "```" in a.content else "```"
         parts.append(f"Attached file: {a.name}\n{fence}\n{a.content.rstrip()}\n{fence}")
     return "\n\n".join(parts + [text]) if parts else text

@@ -2,16 +2,20 @@
 
 ``to_markdown`` and ``to_json`` take the conversation (its current title), its messages and
 ``attachments`` (message id -> its ``Attachment`` list, as ``ChatStore.attachments`` returns),
-each attachment's name and text going with the message it came with. ``file_name(title, fmt)``
+each attachment's name and text going with the message it came with; an image goes in
+whole, as the file it was (Markdown: an inline ``data:`` image, so the export is one file that
+any Markdown viewer shows; JSON: ``"mime"`` and ``"data_base64"``). ``file_name(title, fmt)``
 is a clean default file name for the export.
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
 from collections.abc import Mapping, Sequence
 
+from app.chat.images import data_uri, mime_type
 from app.chat.markdown import split_think
 from app.db import Attachment, Conversation, Message
 from app.tools.history import calls_markdown, result_markdown, visible_answer
@@ -45,6 +49,9 @@ def _fence(text: str) -> str:
 
 
 def _attachment_markdown(a: Attachment) -> list[str]:
+    if a.kind == "image":
+        alt = a.name.replace("[", "(").replace("]", ")")
+        return [f"![{alt}]({data_uri(a.data)})", ""]
     fence = _fence(a.content)
     lang = _FENCE_LANG.get(a.kind, "")
     if a.kind == "code" and "." in a.name:
@@ -83,7 +90,8 @@ def to_markdown(conv: Conversation, messages: Sequence[Message],
 def to_json(conv: Conversation, messages: Sequence[Message],
             attachments: Attachments | None = None) -> str:
     """Everything we store, in a versioned envelope (stable keys; safe to re-import later);
-    a message with attachments has ``"attachments": [{"name", "kind", "content"}, ...]``."""
+    a message with attachments has ``"attachments": [{"name", "kind", "content"}, ...]``
+    (an image's also ``"mime"`` and ``"data_base64"``: the file's bytes)."""
     data = {
         "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
         "title": conv.title, "created_at": conv.created_at, "updated_at": conv.updated_at,
@@ -96,6 +104,13 @@ def to_json(conv: Conversation, messages: Sequence[Message],
 def _message_json(m: Message, attachments: Sequence[Attachment]) -> dict:
     out = {"role": m.role, "content": m.content, "created_at": m.created_at, "meta": m.meta}
     if attachments:
-        out["attachments"] = [{"name": a.name, "kind": a.kind, "content": a.content}
-                              for a in attachments]
+        out["attachments"] = [_attachment_json(a) for a in attachments]
+    return out
+
+
+def _attachment_json(a: Attachment) -> dict:
+    out = {"name": a.name, "kind": a.kind, "content": a.content}
+    if a.kind == "image":
+        out["mime"] = mime_type(a.data)
+        out["data_base64"] = base64.b64encode(a.data).decode("ascii")
     return out

@@ -311,7 +311,6 @@ class MainWindow(QMainWindow):
                 (sb.search_changed, lambda _t: chats.refresh_sidebar()),
                 (c.send_requested, sending.send),
                 (c.stop_requested, sending.stop),
-                (c.attach_failed, lambda text: self.dialogs.show_error("Cannot attach", text)),
                 (c.attachments_changed, sending.on_attachments_changed),
                 (c.thinking_toggled, settings.set_thinking),
                 (v.edit_requested, sending.begin_edit),

@@ -16,6 +16,9 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBut
 
 from app.chat.flow import MarkdownFlow
 from app.chat.full_text import FullTextDialog, size_text
+from app.chat.image_view import MESSAGE_THUMB, ImageThumb, ImageViewer
+from app.chat.images import describe
+from engine.vision.image_io import ImageError
 from app.chat.markdown import PREVIEW_CHARS, preview_cut, split_think
 from app.chat.stats_line import format_stats, shorter_stats, stats_tooltip
 from app.elided_label import ElidedLabel
@@ -195,7 +198,8 @@ class MessageWidget(QFrame):
             actions += sum(w.sizeHint().width() for w in
                            (self.prev_button, self.branch_label, self.next_button))
         chips = sum(c.sizeHint().width() + 4 for c in getattr(self, "chips", ()))
-        actions = max(actions, chips)
+        thumbs = sum(t.sizeHint().width() + 6 for t in getattr(self, "thumbs", ()))
+        actions = max(actions, chips, thumbs)
         want = max(longest, actions, fm.horizontalAdvance("You")) + m.left() + m.right() + 4
         hint.setWidth(min(want, self.maximumWidth()))
         return hint
@@ -211,16 +215,47 @@ class MessageWidget(QFrame):
         self.next_button.setEnabled(index < count)
 
     def set_attachments(self, files) -> None:
-        """Chips with the names of the files sent with this message."""
-        if not files:
-            return
-        row = QHBoxLayout()
-        row.setSpacing(4)
-        self.chips = [attachment_chip(self, a.name, a.kind) for a in files]
-        for chip in self.chips:
-            row.addWidget(chip)
-        row.addStretch(1)
-        self._lay.insertLayout(1, row)
+        """Thumbnails of the images sent with this message (a click opens one full size),
+        then chips with the names of the files."""
+        images = [a for a in files if a.kind == "image"]
+        self.broken_images: list = []
+        at = 1
+        if images:
+            row = QHBoxLayout()
+            row.setSpacing(6)
+            self.thumbs = [t for t in map(self._thumb, images) if t is not None]
+            for thumb in self.thumbs:
+                row.addWidget(thumb)
+            row.addStretch(1)
+            self._lay.insertLayout(at, row)
+            at += 1
+        others = self.broken_images + [a for a in files if a.kind != "image"]
+        if others:
+            row = QHBoxLayout()
+            row.setSpacing(4)
+            self.chips = [attachment_chip(self, a.name, a.kind) for a in others]
+            for chip in self.chips:
+                row.addWidget(chip)
+            row.addStretch(1)
+            self._lay.insertLayout(at, row)
+
+    def _thumb(self, a) -> ImageThumb | None:
+        try:
+            thumb = ImageThumb(a, MESSAGE_THUMB, parent=self)
+        except ImageError:  # damaged on disk: its name, as a file chip (below)
+            self.broken_images.append(a)
+            return None
+        thumb.setToolTip(f"{describe(a)}: click to open it full size")
+        thumb.setAccessibleName(f"Image {a.name}")
+        thumb.clicked.connect(lambda _=False, att=a: self.open_image(att))
+        return thumb
+
+    def open_image(self, a) -> ImageViewer:
+        """The image at full size, in its own window."""
+        self.image_viewer = ImageViewer(a, self.window())
+        self.image_viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.image_viewer.show()
+        return self.image_viewer
 
     def full_text(self) -> str:
         """The whole message (read back through ``full_loader`` when only a part was given)."""

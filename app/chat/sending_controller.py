@@ -19,6 +19,7 @@ from app.chat.conversation_controller import ConversationController
 from app.chat.conversation_view import ConversationView
 from app.chat.conversations import Conversations
 from app.chat.dialogs import Dialogs
+from app.chat.images import images_of, model_reads_images, no_vision_message
 from app.chat.markdown import strip_think
 from app.chat.session import ChatSession
 from app.loaded_model import LoadedModel
@@ -43,6 +44,10 @@ class SendingController(ChatController):
             return
         editing = self.composer.editing_msg_id
         files = list(self.composer.attachments)
+        if images_of(files) and not model_reads_images(self.model.info):
+            # (attached while a vision model was loaded, and the model changed since)
+            self.composer.show_attach_error(no_vision_message(self.model.info.name))
+            return
         if not self.make_room(conv, text, files, editing=editing):
             return
         if editing is not None:
@@ -178,6 +183,8 @@ class SendingController(ChatController):
             hint = f"A reply in “{title}” waits for your answer to a tool call. Esc stops it."
         self.composer.set_state(busy=here, can_send=self.model.ready and not self.session.busy,
                                 hint=hint)
+        info = self.model.info
+        self.composer.set_vision(model_reads_images(info), info.name if info is not None else None)
 
     @Slot()
     def on_attachments_changed(self) -> None:

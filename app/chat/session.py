@@ -30,6 +30,7 @@ from itertools import count
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.chat.conversations import Conversations
+from app.chat.images import model_reads_images
 from app.chat.markdown import THINK_CLOSE, THINK_OPEN
 from app.chat.settings import ChatSettings
 from app.loaded_model import LoadedModel
@@ -249,16 +250,18 @@ class ChatSession(QObject):
     def history(self, conv_id: int, settings: ChatSettings, *, extra: tuple = ()) -> list[dict]:
         """The prompt's messages: the system prompt, then the branch on screen from
         ``context_from`` on (older turns dropped by the user are left out), attachments
-        inlined with their names; ``extra`` messages (not yet saved) are appended."""
+        inlined with their names, images as content parts when the model reads them
+        (``app.chat.images.user_content``); ``extra`` messages (not yet saved) are appended."""
         msgs = []
         if settings.system_prompt.strip():
             msgs.append({"role": "system", "content": settings.system_prompt})
         start = self.conversations.context_from(conv_id) or 0
         files = self.conversations.attachments(conv_id)
+        vision = model_reads_images(self.model.info)
         for m in self.conversations.messages(conv_id):
             if m.id < start:
                 continue
-            msg = template_message(m, files.get(m.id, ()))
+            msg = template_message(m, files.get(m.id, ()), vision=vision)
             if msg is not None:
                 msgs.append(msg)
         msgs.extend(extra)

@@ -4,7 +4,8 @@ Used by the app's tests, by ``python -m app.bench.ui`` and by the self-test when
 ``MTPCHAT_SELFTEST_FAKE=1``. It implements what the worker and the engine's scheduler rely on:
 
 - ``FakeModel.info`` (an ``engine.types.ModelInfo``), ``chat_ids(messages, enable_thinking=...)``
-  (no tokenizer: one id per character of a rendered transcript);
+  (no tokenizer: one id per character of a rendered transcript); ``chat_prompt(messages)`` the
+  same for messages with image parts (a model made with ``fake_model_info(vision=True)``);
 - ``decoder(max_streams=N)``: a ``ScriptedDecoder`` (``app.fake.decoder``: the protocol of
   ``engine.decoding.decoder.BatchDecoder``) through which the scheduler runs every request, one
   stream or many: each stream's events are ``PrefillStats`` first, then a ``CycleStats`` per
@@ -53,9 +54,18 @@ THINK_SCRIPT = ("<think>\nThe user wants an example. I will show a small Python 
                 "explain it briefly.\n</think>\n\n")
 
 
+@dataclass(frozen=True)
+class FakeVisionInfo(ModelInfo):
+    """A fake model's info that says it reads images (``ModelInfo.vision``, for as long as
+    the engine's ``ModelInfo`` may not have the field yet)."""
+
+    vision: bool = True
+
+
 def fake_model_info(path: str = "fake://model", *, supports_thinking: bool = True,
-                    has_mtp: bool = True, max_depth: int = 3) -> ModelInfo:
-    return ModelInfo(
+                    has_mtp: bool = True, max_depth: int = 3, vision: bool = False) -> ModelInfo:
+    cls = FakeVisionInfo if vision else ModelInfo
+    return cls(
         path=path, name="fake-mtp-model", architecture="Qwen3_5ForCausalLM", family="qwen3_5",
         layout="mlx", num_parameters=1_000_000, bytes_on_disk=4_000_000, quantization=None,
         has_mtp=has_mtp, mtp_layers=1 if has_mtp else 0, max_depth=max_depth if has_mtp else 0,
@@ -104,6 +114,20 @@ class FakeModel:
         if add_generation_prompt:
             rendered += "<|assistant|>"
         return [min(ord(c), 255) for c in rendered]
+
+    def chat_prompt(self, messages: list[dict], *, enable_thinking: bool | None = None) -> list[int]:
+        """Messages whose content may be a list of parts (``engine.vision``'s contract): each
+        image part renders as ``<|image:WxH:digest12|>``, text parts as their text."""
+        def text_of(content) -> str:
+            if isinstance(content, str):
+                return content
+            return "".join(p["text"] if p["type"] == "text" else
+                           f"<|image:{p['image'].width}x{p['image'].height}:"
+                           f"{p['image'].digest[:12]}|>" for p in content)
+        self._last_thinking = bool(enable_thinking)
+        self.prompts.append([dict(m) for m in messages])
+        rendered = "".join(f"<|{m['role']}|>{text_of(m['content'])}\n" for m in messages)
+        return [min(ord(c), 255) for c in rendered + "<|assistant|>"]
 
     def _reply_tokens(self, max_tokens: int) -> list[str]:
         think = self._last_thinking if self.think is None else self.think
@@ -209,7 +233,8 @@ def make_fake_loader(model: FakeModel | None = None, *, delay: float = 0.0,
             time.sleep(delay)
         m = model or FakeModel()
         m.info = fake_model_info(str(path), supports_thinking=m.info.supports_thinking,
-                                 has_mtp=m.info.has_mtp, max_depth=m.info.max_depth or 3)
+                                 has_mtp=m.info.has_mtp, max_depth=m.info.max_depth or 3,
+                                 vision=bool(getattr(m.info, "vision", False)))
         return m
 
     return load

@@ -7,8 +7,8 @@ An assistant step that called tools keeps the model's own text as its content an
 bound). Each call that ran or was denied has a ``tool`` message after the step, its result as
 content and ``meta`` ``{"tool_call_id", "name", "server", "is_error", "seconds"}``.
 
-``template_message(m, files)`` is what ``ChatSession.history`` sends for a stored message:
-for user/system/plain assistant messages exactly what it sent before tools existed; for a step,
+``template_message(m, files, vision=)`` is what ``ChatSession.history`` sends for a stored
+message: for user/system/plain assistant messages exactly what it sent before tools existed; for a step,
 ``content`` without the call markup and its thinking as ``reasoning_content`` (the template
 keeps it only in the turns after the last user message, as Qwen3.5 expects), and the calls
 that got a result as ``tool_calls``; a ``tool`` message as ``{"role": "tool", ...}``.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from app.chat.attachments import with_attachments
+from app.chat.images import user_content
 from app.chat.markdown import split_think, strip_think
 
 _BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.S)
@@ -39,14 +39,15 @@ def visible_answer(text: str) -> str:
     return text
 
 
-def template_message(m, files=()) -> dict | None:
-    """The chat template's message for stored message ``m`` (None: left out)."""
+def template_message(m, files=(), *, vision: bool = False) -> dict | None:
+    """The chat template's message for stored message ``m`` (None: left out). A user message
+    with images has a list of parts as content when the model reads images (``vision``)."""
     meta = m.meta or {}
     if m.role == "tool":
         return {"role": "tool", "content": m.content,
                 "tool_call_id": meta.get("tool_call_id", ""), "name": meta.get("name", "")}
     if m.role != "assistant":
-        return {"role": m.role, "content": with_attachments(m.content, files)}
+        return {"role": m.role, "content": user_content(m.content, files, vision=vision)}
     calls = [c for c in meta.get("tool_calls") or [] if c.get("state") in ANSWERED]
     if not calls and not meta.get("tool_calls"):
         content = strip_think(m.content)

@@ -99,7 +99,7 @@ def test_upgrade_from_schema_1_keeps_every_chat(tmp_path):
     path = tmp_path / "old.db"
     _schema_v1(path)
     store = ChatStore(path)
-    assert store.schema_version == 3  # through schema 2 (branches) and 3 (tool messages)
+    assert store.schema_version == 4  # through 2 (branches), 3 (tool messages), 4 (images)
     msgs = store.messages(1)
     assert [m.content for m in msgs] == ["hi", "hello", "bye", "ciao"]
     assert [m.parent_id for m in msgs] == [None, msgs[0].id, msgs[1].id, msgs[2].id]

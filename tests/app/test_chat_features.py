@@ -131,11 +131,9 @@ def test_pdf_text_is_extracted(tmp_path):
 
 
 def test_unreadable_attachment_is_reported(qtbot, win, tmp_path):
-    from PySide6.QtWidgets import QMessageBox
-
     win.composer.attach_paths([str(tmp_path / "missing.txt")])
-    box = win.findChild(QMessageBox, "errorDialog")
-    assert box is not None and "missing.txt" in box.text()
+    line = win.composer.attach_error
+    assert line.isVisibleTo(win.composer) and "missing.txt" in line.text()
     assert win.composer.attachments == []
 
 

@@ -183,7 +183,8 @@ def test_excludes_cover_heavy_frameworks_and_unused_qt():
     for name in ("torch", "tensorflow", "jax", "PySide6.QtWebEngineCore", "PySide6.Qt3DCore",
                  "PySide6.QtQuick", "PySide6.QtQml", "PySide6.QtMultimedia"):
         assert name in mb.EXCLUDES
-    for name in ("PySide6.QtCharts", "PySide6.QtSvg", "PySide6.QtWidgets", "mlx", "mlx_lm"):
+    for name in ("PySide6.QtCharts", "PySide6.QtSvg", "PySide6.QtWidgets", "mlx", "mlx_lm",
+                 "PIL"):  # Pillow decodes the chat's images (engine/vision/image_io.py)
         assert name not in mb.EXCLUDES
 
 

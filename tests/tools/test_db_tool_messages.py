@@ -36,7 +36,7 @@ def test_v2_file_upgrades_in_place(tmp_path):
     path = tmp_path / "chats.sqlite3"
     ids = make_v2(path)
     store = ChatStore(path)
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     assert store.integrity_ok()
     assert [m.content for m in store.messages(1)] == ["hi", "v2"]
     assert store.branch(ids["v2"]).count == 2
