@@ -10,9 +10,12 @@ import shutil
 import struct
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import engine
 
@@ -201,6 +204,14 @@ def test_requirements_macos_pins_everything_with_hashes():
     for needed in ("mlx", "mlx-metal", "mlx-lm", "pyinstaller", "macholib", "transformers",
                    "pyside6-essentials", "pyside6-addons", "huggingface-hub", "platformdirs"):
         assert needed in names, needed
+    # every run-time dependency of pyproject.toml is in the Mac build (pillow, starlette, mcp...
+    # were missing once: the bundle would have failed at its first import of them)
+    for spec in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(spec)
+        if req.marker is None or req.marker.evaluate({"sys_platform": "darwin"}):
+            name = canonicalize_name(req.name)
+            # the Mac build installs PySide6's wheels without the meta-package
+            assert {"pyside6": "pyside6-essentials"}.get(name, name) in names, req.name
     assert "torch" not in names and "pyside6-webengine" not in names
     assert all(r.count("==") == 1 for r in reqs)
     assert text.count("--hash=sha256:") >= len(reqs)
