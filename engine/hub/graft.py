@@ -1,4 +1,6 @@
-"""``graft``: give a headless Qwen3.5/3.6 MLX conversion its MTP head, downloading only the head.
+"""``graft``: give a headless MLX conversion its MTP head, downloading only the head (Qwen3.5/3.6
+and Qwen3-Next: ``mtp.*``; GLM-4.x, GLM-4.7-Flash, DeepSeek-V3: the nextn layer
+``model.layers.{num_hidden_layers}.*``, ``graft_source.head_test``).
 
 Steps (each refusal is one line and leaves the model exactly as it was):
 
@@ -40,6 +42,7 @@ from engine.hub.graft_head import (HEAD_BITS, SIDECAR, grafted_config, measure_a
 from engine.hub.graft_source import GraftError, Source, candidates, read_source, remember_offer
 from engine.hub.graft_verify import COMPARED, check_config, check_tensors
 from engine.hub.store import MARKER_DIR, Store, model_name, write_json_atomic
+from engine.models.families import NEXTN
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +272,13 @@ class Grafter:
         self._emit(bytes_done=done, bytes_total=total, resumed_bytes=resumed)
 
     def _bits(self, ckpt) -> int:
-        """The head keeps its precision on an unquantized trunk; never below 8 bits."""
+        """The head keeps its precision on an unquantized trunk; never below 8 bits. A nextn
+        layer (GLM-4.x, DeepSeek-V3) is kept as the source stores it: its 8-bit packing is
+        not written yet (docs/graft.md)."""
+        from engine.models.families import NEXTN
+
+        if ckpt.config.family in NEXTN:
+            return 16
         return self.bits if ckpt.config.quantization else 16
 
     def _view(self, target: Target, ckpt, src: Source, work: Path, paths, spans) -> Path:
@@ -282,8 +291,11 @@ class Grafter:
         write_sidecar(raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
                       dtype=trunk_float_dtype(ckpt.tensors))
         bits = self._bits(ckpt)
+        nextn = ckpt.config.family in NEXTN
         config = grafted_config(ckpt.config.raw, source=src.repo_id, commit=src.commit,
-                                mtp_layers=int(src.text.get("mtp_num_hidden_layers") or 1),
+                                mtp_layers=0 if nextn else
+                                int(src.text.get("mtp_num_hidden_layers") or 1),
+                                norms=None if nextn else "raw_hf_delta",
                                 packing={"bits": bits, "group_size": group} if bits < 16
                                 else None)
         write_json_atomic(view / "config.json", config)

@@ -69,19 +69,24 @@ def write_sidecar(raw: Path, out: Path, *, bits: int, group_size: int, dtype: st
 
 
 def grafted_config(config: dict, *, source: str, commit: str | None, mtp_layers: int,
-                   norms: str = "raw_hf_delta", packing: dict | None = None) -> dict:
+                   norms: str | None = "raw_hf_delta", packing: dict | None = None) -> dict:
     """The model's config.json declaring the sidecar (MTPLX's keys) and where it came from.
     ``norms``: how the sidecar stores its norms ("raw_hf_delta": zero-centred as Qwen
-    publishes them, "mlx_multiplier": 1 + w); ``packing``: its affine quantization, if any."""
+    publishes them, "mlx_multiplier": 1 + w; None: a nextn layer, whose plain norms and
+    ``num_nextn_predict_layers`` the config already describes, with ``mtp_layers`` 0);
+    ``packing``: its affine quantization, if any."""
     out = dict(config)
     text = out.get("text_config") if isinstance(out.get("text_config"), dict) else out
-    if text is out:
+    if not mtp_layers:
+        pass
+    elif text is out:
         out["mtp_num_hidden_layers"] = text.get("mtp_num_hidden_layers") or mtp_layers
     else:
         out["text_config"] = {**text, "mtp_num_hidden_layers":
                               text.get("mtp_num_hidden_layers") or mtp_layers}
     out["mlx_lm_extra_tensors"] = {"mtp_file": SIDECAR}
-    out["mtp_norm_encoding"] = norms
+    if norms:
+        out["mtp_norm_encoding"] = norms
     out.pop("mtplx_mtp_quantization", None)
     if packing:
         out["mtplx_mtp_quantization"] = {"prequantized": True, "bits": int(packing["bits"]),

@@ -24,6 +24,14 @@ ARCH_FAMILY = {
     "Glm4MoeForCausalLM": "glm4_moe", "Glm4MoeLiteForCausalLM": "glm4_moe_lite",
     "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next",
 }
+# Families whose MTP head is DeepSeek's "nextn" layer, stored as the layer after the last
+# (``model.layers.{num_hidden_layers}.*``, with copies of the embedding and LM head the
+# engine does not use); the others store it as ``mtp.*``.
+NEXTN = frozenset({"glm4_moe", "glm4_moe_lite", "deepseek_v3"})
+NEXTN_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
+# Families whose checkpoints store RMSNorm weights zero-centred (scale = 1 + w; mlx-lm adds
+# the 1 when converting).
+ZERO_CENTRED = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next"})
 NAMES = ("Qwen3.5 / Qwen3.6 (dense and MoE), GLM-4.5/4.6/4.7 (glm4_moe), GLM-4.7-Flash "
          "(glm4_moe_lite), DeepSeek-V3 and Qwen3-Next")
 
