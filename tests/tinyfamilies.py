@@ -255,6 +255,15 @@ BENCH_SHAPES = {
                         v_head_dim=64, n_group=4, topk_group=2),
 }
 BENCH_SHAPES["glm4_moe_lite"] = dict(BENCH_SHAPES["deepseek_v3"], n_group=1, topk_group=1)
+# Qwen3-Next-80B-A3B scaled down: 6 GDN + 2 gated-attention layers, all MoE (16 experts top 4
+# + a gated shared expert), 8 key / 16 value GDN heads of 128, 8 query / 2 KV heads of 128.
+BENCH_SHAPES["qwen3_next"] = dict(vocab_size=32768, hidden=1024, layers=8,
+                                  intermediate_size=2816, moe_intermediate_size=512,
+                                  num_experts=16, num_experts_per_tok=4,
+                                  shared_expert_intermediate_size=512, mlp_only_layers=[],
+                                  num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                  linear_num_key_heads=8, linear_num_value_heads=16,
+                                  linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,8 @@ class Grafter:
         return self._calibrate_and_install(target, view, work, result, t0)
 
     def _from_drafter(self, target: Target, ckpt, drafter: Path, t0: float) -> GraftResult:
-        from engine.hub.graft_drafter import check_drafter, write_from_drafter
+        from engine.hub.graft_drafter import (check_drafter, write_from_drafter,
+                                              write_from_nextn_drafter)
 
         self._emit(repo_id=str(drafter), message=f"checking the drafter {drafter.name}")
         raw = check_drafter(drafter, ckpt.config.raw)
@@ -229,13 +230,20 @@ class Grafter:
         quant = ckpt.config.quantization or {}
         group = int(quant.get("group_size", 64))
         self._emit(phase="converting", message=f"writing the head from {drafter.name}")
-        norms, packing = write_from_drafter(
-            drafter, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
-            dtype=trunk_float_dtype(ckpt.tensors), quant=raw.get("quantization"))
         text = raw.get("text_config") or {}
+        if ckpt.config.family in NEXTN:
+            norms, layers = None, 0
+            packing = write_from_nextn_drafter(
+                drafter, view / SIDECAR, layer=int(ckpt.config.text["num_hidden_layers"]),
+                quant=raw.get("quantization"))
+        else:
+            norms, packing = write_from_drafter(
+                drafter, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
+                dtype=trunk_float_dtype(ckpt.tensors), quant=raw.get("quantization"))
+            layers = int(text.get("mtp_num_hidden_layers") or 1)
         write_json_atomic(view / "config.json", grafted_config(
             ckpt.config.raw, source=str(drafter), commit=None, norms=norms, packing=packing,
-            mtp_layers=int(text.get("mtp_num_hidden_layers") or 1)))
+            mtp_layers=layers))
         head = sum(p.stat().st_size for p in drafter.glob("*.safetensors"))
         result = GraftResult("grafted", target.name, None, target.mode, str(drafter), "",
                              int(packing["bits"]) if packing else 16, head, 0, 0, 0, 0, 0,

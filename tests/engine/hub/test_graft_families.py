@@ -118,3 +118,33 @@ def test_another_checkpoint_of_the_same_shape_is_refused_before_any_head_byte(fa
             path = r["path"].split("/resolve/", 1)[1].split("/", 1)[1]
             assert not any(f == path and int(a) < e and int(b) + 1 > s for f, s, e in spans)
     assert not env["store"].path_for(f"mlx-community--{family}-4bit-mtp").exists()
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_mlxvlm_glm4_moe_lite_drafter_grafts_offline(bits, made, env, tmp_path):
+    """mlx-vlm's GLM-4.7-Flash drafter folder (the nextn layer flattened, bf16 or quantized)
+    attaches to the headless conversion with ``--from FOLDER``; nothing is downloaded."""
+    from tests.thirdparty import write_glm4_moe_lite_drafter
+
+    drafter = write_glm4_moe_lite_drafter(made["glm4_moe_lite"][0], tmp_path / "drafter",
+                                          bits=bits)
+    folder = _place(env, made, "glm4_moe_lite")
+    env["hub"].reset_counts()
+    res = graft(folder, source=str(drafter), store=env["store"], min_acceptance=0.0)
+    assert res.status == "grafted" and res.bytes_fetched == 0 and not env["hub"].requests
+    m = engine.load(res.path)
+    assert m.info.has_mtp and m.mtp is not None
+    assert getattr(m.mtp.eh_proj, "bits", None) == bits  # the drafter's packing, as published
+    base = _greedy(m, 0)
+    assert base == _greedy(engine.load(folder), 0)
+    for depth in (1, 3):
+        assert _greedy(m, depth) == base, depth
+
+
+def test_a_drafter_for_another_family_is_refused_in_one_line(made, env, tmp_path):
+    from tests.thirdparty import write_glm4_moe_lite_drafter
+
+    drafter = write_glm4_moe_lite_drafter(made["glm4_moe_lite"][0], tmp_path / "drafter")
+    with pytest.raises(GraftError, match="not an mlx-vlm Qwen3.5 MTP drafter") as err:
+        graft(_place(env, made, "qwen3_next"), source=str(drafter), store=env["store"])
+    assert "\n" not in str(err.value)
