@@ -38,7 +38,7 @@ from engine.hub.client import DownloadProgress
 from engine.hub.graft_fetch import FetchCancelled, SpanFetcher, assemble, plan_spans
 from engine.hub.graft_drafter import sibling_drafter
 from engine.hub.graft_head import (HEAD_BITS, SIDECAR, grafted_config, measure_acceptance,
-                                   trunk_float_dtype, write_sidecar)
+                                   trunk_float_dtype, write_nextn_sidecar, write_sidecar)
 from engine.hub.graft_source import GraftError, Source, candidates, read_source, remember_offer
 from engine.hub.graft_verify import COMPARED, check_config, check_tensors
 from engine.hub.store import MARKER_DIR, Store, model_name, write_json_atomic
@@ -280,13 +280,7 @@ class Grafter:
         self._emit(bytes_done=done, bytes_total=total, resumed_bytes=resumed)
 
     def _bits(self, ckpt) -> int:
-        """The head keeps its precision on an unquantized trunk; never below 8 bits. A nextn
-        layer (GLM-4.x, DeepSeek-V3) is kept as the source stores it: its 8-bit packing is
-        not written yet (docs/graft.md)."""
-        from engine.models.families import NEXTN
-
-        if ckpt.config.family in NEXTN:
-            return 16
+        """The head keeps its precision on an unquantized trunk; never below 8 bits."""
         return self.bits if ckpt.config.quantization else 16
 
     def _view(self, target: Target, ckpt, src: Source, work: Path, paths, spans) -> Path:
@@ -296,10 +290,13 @@ class Grafter:
         raw = assemble(src, spans, paths, work / "head-raw.safetensors")
         quant = ckpt.config.quantization or {}
         group = int(quant.get("group_size", 64))
-        write_sidecar(raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
-                      dtype=trunk_float_dtype(ckpt.tensors))
-        bits = self._bits(ckpt)
         nextn = ckpt.config.family in NEXTN
+        (write_nextn_sidecar if nextn else write_sidecar)(
+            raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
+            dtype=trunk_float_dtype(ckpt.tensors))
+        bits = self._bits(ckpt)
+        if nextn and not any(k.endswith(".scales") for k in _tensor_names(view / SIDECAR)):
+            bits = 16  # stored as the source has it (fp8 with weight_scale_inv)
         config = grafted_config(ckpt.config.raw, source=src.repo_id, commit=src.commit,
                                 mtp_layers=0 if nextn else
                                 int(src.text.get("mtp_num_hidden_layers") or 1),
@@ -338,6 +335,12 @@ class Grafter:
         else:
             write_json_atomic(folder / MARKER_DIR / "graft.json", record)
         return folder
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from engine.models.checkpoint import read_header
+
+    return list(read_header(path))
 
 
 def link_files(src: Path, dst: Path) -> None:

@@ -94,8 +94,10 @@ def test_graft_fetches_only_the_head_and_speculates_exactly(family, made, env):
     assert tree_hashes(env["roots"]["lmstudio"]) == before  # LM Studio's folder untouched
     m = engine.load(res.path)
     assert m.mtp is not None and m.info.has_mtp
-    if family == "qwen3_next":
-        assert m.mtp.fc.bits == 8  # the head at 8 bits on a 4-bit trunk
+    proj = m.mtp.fc if family == "qwen3_next" else m.mtp.eh_proj
+    assert res.bits == 8 and proj.bits == 8  # the head at 8 bits on a 4-bit trunk
+    if family in NEXTN:  # the experts too; the router stays as it was
+        assert m.mtp.layers[0].mlp.switch_mlp.gate_proj.bits == 8
     base = _greedy(m, 0)
     assert base == _greedy(engine.load(folder), 0)  # the same trunk
     for depth in (1, 2, 3):
