@@ -312,7 +312,8 @@ def test_inspect_sees_the_nextn_head_and_its_memory(family, folders):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prompt_limit_counts_the_familys_cache(family, models):
     """KV bytes per token as the family's cache holds them (MLA: latent + rotary key;
-    Qwen3-Next: its full-attention layers only), at 2 bytes an element (mlx-lm's args of these families carry no dtype: bf16 assumed)."""
+    Qwen3-Next: its full-attention layers only), at 2 bytes an element (mlx-lm's args of
+    these families carry no dtype: bf16 assumed)."""
     from engine.models.prompt_limits import kv_bytes_per_token
 
     cfg = json.loads((Path(models[family].info.path) / "config.json").read_text())
