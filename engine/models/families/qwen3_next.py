@@ -62,9 +62,9 @@ class Qwen3Next(Qwen35):
 
 
 def head_layer(args):
-    """The MTP layer: mlx-lm's ``Qwen3NextDecoderLayer`` as its gated full-attention variant,
-    its MLP chosen as vLLM's ``qwen3_next_mtp`` chooses it for ``mtp.layers.0`` (layer index 0:
-    MoE unless 0 is in ``mlp_only_layers``)."""
+    """The MTP layer: mlx-lm's ``Qwen3NextDecoderLayer`` as its gated full-attention variant
+    (built at index ``interval - 1``), its MLP by transformers' rule at index 0 (``mtp.layers.0``:
+    MoE unless 0 is in ``mlp_only_layers``; the published checkpoints' head is MoE)."""
     from mlx_lm.models import qwen3_next
 
     layer = qwen3_next.Qwen3NextDecoderLayer(args, args.full_attention_interval - 1)
