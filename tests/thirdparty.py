@@ -173,3 +173,65 @@ def write_mlx_with_head(src: Path, out: Path) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text((src / "config.json").read_text())
     return out
+
+
+def write_glm4_moe_lite_drafter(src: Path, out: Path, *, bits: int | None = None,
+                                group_size: int = 64) -> Path:
+    """What mlx-vlm's ``glm4_moe_lite_mtp/split.py`` (``split_glm4_moe_lite_mtp``) writes from
+    a raw GLM-4.7-Flash checkpoint: the nextn layer ``model.layers.{N}.*`` flattened
+    (``model.embed_tokens``, ``model.{enorm,hnorm,eh_proj}``, ``model.mtp_block.*``,
+    ``model.shared_head_norm``, ``lm_head``), cast to bf16 but the router's fp32 correction
+    bias, ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, experts stacked into
+    ``switch_mlp``, optionally affine-quantized (every ``*.weight`` matrix whose last axis the
+    group divides, but the router ``mlp.gate``); ``config.json`` with ``model_type:
+    glm4_moe_lite_mtp``, the source's text config, ``block_size``; the tokenizer files."""
+    import mlx.core as mx
+    from safetensors.numpy import load_file
+
+    config = json.loads((src / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    prefix = f"model.layers.{n}."
+    raw = {}
+    for f in sorted(src.glob("*.safetensors")):
+        raw.update({k: v for k, v in load_file(str(f)).items() if k.startswith(prefix)})
+    top = {"embed_tokens.weight": "model.embed_tokens.weight",
+           "shared_head.norm.weight": "model.shared_head_norm.weight",
+           "shared_head.head.weight": "lm_head.weight"}
+    w = {}
+    for k, v in raw.items():
+        rest = k[len(prefix):]
+        name = top.get(rest) or (f"model.{rest}" if rest in ("enorm.weight", "hnorm.weight",
+                                                             "eh_proj.weight")
+                                 else f"model.mtp_block.{rest}")
+        a = mx.array(v)
+        w[name] = a if "e_score_correction_bias" in name else a.astype(mx.bfloat16)
+    attn = "model.mtp_block.self_attn"
+    kv = w.pop(f"{attn}.kv_b_proj.weight").reshape(
+        config["num_attention_heads"], config["qk_nope_head_dim"] + config["v_head_dim"], -1)
+    w[f"{attn}.embed_q.weight"] = mx.contiguous(
+        kv[:, :config["qk_nope_head_dim"], :].swapaxes(-1, -2))
+    w[f"{attn}.unembed_out.weight"] = mx.contiguous(kv[:, config["qk_nope_head_dim"]:, :])
+    mlp = "model.mtp_block.mlp"
+    for proj in ("gate_proj", "down_proj", "up_proj"):
+        w[f"{mlp}.switch_mlp.{proj}.weight"] = mx.stack(
+            [w.pop(f"{mlp}.experts.{e}.{proj}.weight")
+             for e in range(config["n_routed_experts"])])
+    draft = {"model_type": "glm4_moe_lite_mtp", "text_config": config,
+             "block_size": int(config.get("num_nextn_predict_layers", 1)) + 1,
+             "tie_word_embeddings": bool(config.get("tie_word_embeddings", False))}
+    if bits:
+        for key in [k for k in w if k.endswith(".weight") and not k.endswith("mlp.gate.weight")]:
+            v = w[key]
+            if v.ndim >= 2 and v.shape[-1] % group_size == 0:
+                q, s, b = mx.quantize(v, group_size=group_size, bits=bits)
+                base = key[: -len(".weight")]
+                w.update({key: q, f"{base}.scales": s, f"{base}.biases": b})
+        draft["quantization"] = draft["quantization_config"] = {
+            "group_size": group_size, "bits": bits, "mode": "affine"}
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), w, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(dict(sorted(draft.items())), indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, out / name)
+    return out

@@ -18,7 +18,8 @@ import numpy as np
 
 from tests.tinymodels import save_sharded, write_tokenizer
 
-FAMILIES = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")
+FAMILIES = ("glm4_moe", "deepseek_v3", "glm4_moe_lite", "qwen3_next")
+NEXTN = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")  # the MTP layer as model.layers.{N}
 MLA = ("deepseek_v3", "glm4_moe_lite")
 
 
@@ -47,6 +48,21 @@ def tiny_config(family: str, *, vocab_size: int = 384, hidden: int = 64, layers:
                     topk_group=1, moe_layer_freq=1, attention_bias=False,
                     rms_norm_eps=1e-6) | ({"n_group": 1} if family == "glm4_moe_lite" else {}) \
             | extra
+    if family == "qwen3_next":
+        # Qwen3-Next-80B-A3B's kinds of blocks: 3 GDN layers then 1 gated-attention layer,
+        # MoE with a gated shared expert (layer 1 dense via mlp_only_layers, so both MLP
+        # kinds run), two value heads per key head (the fused projections interleave them).
+        common = {k: v for k, v in common.items() if k not in (
+            "num_nextn_predict_layers", "n_routed_experts", "n_shared_experts",
+            "first_k_dense_replace", "routed_scaling_factor", "topk_method", "scoring_func")}
+        return dict(common, model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"],
+                    num_hidden_layers=max(layers, 4), head_dim=16,
+                    partial_rotary_factor=0.25, full_attention_interval=4,
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8,
+                    shared_expert_intermediate_size=hidden // 2, decoder_sparse_step=1,
+                    mlp_only_layers=[1], attention_bias=False, rms_norm_eps=1e-6,
+                    mtp_num_hidden_layers=nextn) | extra
     raise ValueError(family)
 
 
@@ -110,8 +126,87 @@ def _layer(rng, cfg: dict, prefix: str, *, moe: bool) -> dict[str, np.ndarray]:
     return t
 
 
+def _qwen3_next_layer(rng, cfg: dict, prefix: str, *, linear: bool, moe: bool,
+                      ) -> dict[str, np.ndarray]:
+    """One Qwen3-Next decoder layer as Qwen publishes it: zero-centred norms (scale = 1 + w),
+    the GDN's fused ``in_proj_qkvz`` / ``in_proj_ba`` (rows grouped per key head), a raw
+    [C, 1, K] conv1d, per-expert MoE tensors with a gated shared expert."""
+    H = cfg["hidden_size"]
+    t: dict[str, np.ndarray] = {}
+
+    def lin(name, out_dim, in_dim, gain=1.0):
+        t[f"{prefix}.{name}"] = _normal(rng, (out_dim, in_dim), gain / np.sqrt(in_dim))
+
+    def znorm(name, dim):
+        t[f"{prefix}.{name}"] = (0.1 * rng.standard_normal(dim)).astype(np.float32)
+
+    znorm("input_layernorm.weight", H)
+    znorm("post_attention_layernorm.weight", H)
+    if linear:
+        nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv, K = (cfg["linear_key_head_dim"], cfg["linear_value_head_dim"],
+                     cfg["linear_conv_kernel_dim"])
+        conv_dim = 2 * nk * dk + nv * dv
+        lin("linear_attn.in_proj_qkvz.weight", 2 * nk * dk + 2 * nv * dv, H)
+        lin("linear_attn.in_proj_ba.weight", 2 * nv, H)
+        lin("linear_attn.out_proj.weight", H, nv * dv, 4.0)
+        t[f"{prefix}.linear_attn.conv1d.weight"] = _normal(rng, (conv_dim, 1, K), 0.5)
+        t[f"{prefix}.linear_attn.dt_bias"] = rng.uniform(0.5, 1.5, nv).astype(np.float32)
+        t[f"{prefix}.linear_attn.A_log"] = np.log(rng.uniform(1, 8, nv)).astype(np.float32)
+        t[f"{prefix}.linear_attn.norm.weight"] = \
+            (1 + 0.1 * rng.standard_normal(dv)).astype(np.float32)  # plain: scale = w
+    else:
+        nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        lin("self_attn.q_proj.weight", 2 * nq * hd, H)  # queries and their output gate
+        lin("self_attn.k_proj.weight", nkv * hd, H)
+        lin("self_attn.v_proj.weight", nkv * hd, H)
+        lin("self_attn.o_proj.weight", H, nq * hd, 4.0)
+        znorm("self_attn.q_norm.weight", hd)
+        znorm("self_attn.k_norm.weight", hd)
+    if not moe:
+        I = cfg["intermediate_size"]
+        lin("mlp.gate_proj.weight", I, H)
+        lin("mlp.up_proj.weight", I, H)
+        lin("mlp.down_proj.weight", H, I, 2.0)
+        return t
+    E, MI, SI = cfg["num_experts"], cfg["moe_intermediate_size"], \
+        cfg["shared_expert_intermediate_size"]
+    lin("mlp.gate.weight", E, H, gain=3.0)
+    for e in range(E):
+        lin(f"mlp.experts.{e}.gate_proj.weight", MI, H)
+        lin(f"mlp.experts.{e}.up_proj.weight", MI, H)
+        lin(f"mlp.experts.{e}.down_proj.weight", H, MI, gain=2.0)
+    lin("mlp.shared_expert.gate_proj.weight", SI, H)
+    lin("mlp.shared_expert.up_proj.weight", SI, H)
+    lin("mlp.shared_expert.down_proj.weight", H, SI, gain=2.0)
+    lin("mlp.shared_expert_gate.weight", 1, H)
+    return t
+
+
+def qwen3_next_weights(cfg: dict, *, seed: int = 0, with_mtp: bool = True,
+                       ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    w = {"model.embed_tokens.weight": _normal(rng, (V, H), 1.0),
+         "model.norm.weight": (0.1 * rng.standard_normal(H)).astype(np.float32),
+         "lm_head.weight": _normal(rng, (V, H), 3.0 / np.sqrt(H))}
+    for i in range(L):
+        w.update(_qwen3_next_layer(rng, cfg, f"model.layers.{i}",
+                                   linear=(i + 1) % cfg["full_attention_interval"] != 0,
+                                   moe=i not in cfg["mlp_only_layers"]))
+    for j in range(cfg["mtp_num_hidden_layers"] if with_mtp else 0):
+        w.update(_qwen3_next_layer(rng, cfg, f"mtp.layers.{j}", linear=False, moe=True))
+    if with_mtp:
+        w["mtp.fc.weight"] = _normal(rng, (H, 2 * H), 1 / np.sqrt(2 * H))
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            w[f"mtp.{n}.weight"] = (0.1 * rng.standard_normal(H)).astype(np.float32)
+    return w
+
+
 def tiny_family_weights(cfg: dict, *, seed: int = 0, with_mtp: bool = True,
                         ) -> dict[str, np.ndarray]:
+    if cfg["model_type"] == "qwen3_next":
+        return qwen3_next_weights(cfg, seed=seed, with_mtp=with_mtp)
     rng = np.random.default_rng(seed)
     H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     w = {"model.embed_tokens.weight": _normal(rng, (V, H), 1.0),
@@ -160,6 +255,15 @@ BENCH_SHAPES = {
                         v_head_dim=64, n_group=4, topk_group=2),
 }
 BENCH_SHAPES["glm4_moe_lite"] = dict(BENCH_SHAPES["deepseek_v3"], n_group=1, topk_group=1)
+# Qwen3-Next-80B-A3B scaled down: 6 GDN + 2 gated-attention layers, all MoE (16 experts top 4
+# + a gated shared expert), 8 key / 16 value GDN heads of 128, 8 query / 2 KV heads of 128.
+BENCH_SHAPES["qwen3_next"] = dict(vocab_size=32768, hidden=1024, layers=8,
+                                  intermediate_size=2816, moe_intermediate_size=512,
+                                  num_experts=16, num_experts_per_tok=4,
+                                  shared_expert_intermediate_size=512, mlp_only_layers=[],
+                                  num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+                                  linear_num_key_heads=8, linear_num_value_heads=16,
+                                  linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 if __name__ == "__main__":

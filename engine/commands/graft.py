@@ -6,7 +6,8 @@ import sys
 import threading
 import time
 
-HELP = ("add the MTP head to a Qwen3.5/3.6 MLX conversion that has none (mlx-community, "
+HELP = ("add the MTP head to an MLX conversion that has none (Qwen3.5/3.6, Qwen3-Next, GLM-4.x, "
+        "DeepSeek-V3; mlx-community, "
         "LM Studio, the Hugging Face cache), downloading only the head from its source repo")
 
 

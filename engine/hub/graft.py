@@ -1,4 +1,6 @@
-"""``graft``: give a headless Qwen3.5/3.6 MLX conversion its MTP head, downloading only the head.
+"""``graft``: give a headless MLX conversion its MTP head, downloading only the head (Qwen3.5/3.6
+and Qwen3-Next: ``mtp.*``; GLM-4.x, GLM-4.7-Flash, DeepSeek-V3: the nextn layer
+``model.layers.{num_hidden_layers}.*``, ``graft_source.head_test``).
 
 Steps (each refusal is one line and leaves the model exactly as it was):
 
@@ -36,10 +38,11 @@ from engine.hub.client import DownloadProgress
 from engine.hub.graft_fetch import FetchCancelled, SpanFetcher, assemble, plan_spans
 from engine.hub.graft_drafter import sibling_drafter
 from engine.hub.graft_head import (HEAD_BITS, SIDECAR, grafted_config, measure_acceptance,
-                                   trunk_float_dtype, write_sidecar)
+                                   trunk_float_dtype, write_nextn_sidecar, write_sidecar)
 from engine.hub.graft_source import GraftError, Source, candidates, read_source, remember_offer
 from engine.hub.graft_verify import COMPARED, check_config, check_tensors
 from engine.hub.store import MARKER_DIR, Store, model_name, write_json_atomic
+from engine.models.families import NEXTN
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +220,8 @@ class Grafter:
         return self._calibrate_and_install(target, view, work, result, t0)
 
     def _from_drafter(self, target: Target, ckpt, drafter: Path, t0: float) -> GraftResult:
-        from engine.hub.graft_drafter import check_drafter, write_from_drafter
+        from engine.hub.graft_drafter import (check_drafter, write_from_drafter,
+                                              write_from_nextn_drafter)
 
         self._emit(repo_id=str(drafter), message=f"checking the drafter {drafter.name}")
         raw = check_drafter(drafter, ckpt.config.raw)
@@ -226,13 +230,20 @@ class Grafter:
         quant = ckpt.config.quantization or {}
         group = int(quant.get("group_size", 64))
         self._emit(phase="converting", message=f"writing the head from {drafter.name}")
-        norms, packing = write_from_drafter(
-            drafter, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
-            dtype=trunk_float_dtype(ckpt.tensors), quant=raw.get("quantization"))
         text = raw.get("text_config") or {}
+        if ckpt.config.family in NEXTN:
+            norms, layers = None, 0
+            packing = write_from_nextn_drafter(
+                drafter, view / SIDECAR, layer=int(ckpt.config.text["num_hidden_layers"]),
+                quant=raw.get("quantization"))
+        else:
+            norms, packing = write_from_drafter(
+                drafter, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
+                dtype=trunk_float_dtype(ckpt.tensors), quant=raw.get("quantization"))
+            layers = int(text.get("mtp_num_hidden_layers") or 1)
         write_json_atomic(view / "config.json", grafted_config(
             ckpt.config.raw, source=str(drafter), commit=None, norms=norms, packing=packing,
-            mtp_layers=int(text.get("mtp_num_hidden_layers") or 1)))
+            mtp_layers=layers))
         head = sum(p.stat().st_size for p in drafter.glob("*.safetensors"))
         result = GraftResult("grafted", target.name, None, target.mode, str(drafter), "",
                              int(packing["bits"]) if packing else 16, head, 0, 0, 0, 0, 0,
@@ -279,11 +290,17 @@ class Grafter:
         raw = assemble(src, spans, paths, work / "head-raw.safetensors")
         quant = ckpt.config.quantization or {}
         group = int(quant.get("group_size", 64))
-        write_sidecar(raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
-                      dtype=trunk_float_dtype(ckpt.tensors))
+        nextn = ckpt.config.family in NEXTN
+        (write_nextn_sidecar if nextn else write_sidecar)(
+            raw, view / SIDECAR, bits=self._bits(ckpt), group_size=group,
+            dtype=trunk_float_dtype(ckpt.tensors))
         bits = self._bits(ckpt)
+        if nextn and not any(k.endswith(".scales") for k in _tensor_names(view / SIDECAR)):
+            bits = 16  # stored as the source has it (fp8 with weight_scale_inv)
         config = grafted_config(ckpt.config.raw, source=src.repo_id, commit=src.commit,
-                                mtp_layers=int(src.text.get("mtp_num_hidden_layers") or 1),
+                                mtp_layers=0 if nextn else
+                                int(src.text.get("mtp_num_hidden_layers") or 1),
+                                norms=None if nextn else "raw_hf_delta",
                                 packing={"bits": bits, "group_size": group} if bits < 16
                                 else None)
         write_json_atomic(view / "config.json", config)
@@ -318,6 +335,12 @@ class Grafter:
         else:
             write_json_atomic(folder / MARKER_DIR / "graft.json", record)
         return folder
+
+
+def _tensor_names(path: Path) -> list[str]:
+    from engine.models.checkpoint import read_header
+
+    return list(read_header(path))
 
 
 def link_files(src: Path, dst: Path) -> None:

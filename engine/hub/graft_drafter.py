@@ -13,6 +13,15 @@ mlx-vlm's ``split_mtp`` / ``convert --mtp`` write a Qwen3.5/3.6 MTP head as a st
 Nothing is downloaded. The drafter has no trunk to compare, so the match rests on its
 text config (every shape field must agree) and on the calibration's acceptance. The head
 is kept at 8 bits or more (a drafter quantized below that is used as published, and says so).
+
+mlx-vlm's ``glm4_moe_lite_mtp`` splitter (``drafters/glm4_moe_lite_mtp/split.py``) writes
+GLM-4.7-Flash's nextn layer the same way, flattened: ``model.{enorm,hnorm,eh_proj}``,
+``model.mtp_block.*`` (the decoder layer after mlx-lm's sanitize: experts stacked, MLA's
+``kv_b_proj`` split into ``embed_q`` / ``unembed_out``), ``model.shared_head_norm``, and copies
+of the embedding (``model.embed_tokens``) and LM head (``lm_head``); bf16, or affine-quantized
+with the router gate and norms left as they were. ``write_from_nextn_drafter`` renames it back
+to the nextn layer ``model.layers.{num_hidden_layers}.*`` (copies dropped: the trunk's are used)
+and keeps its bytes and packing as published.
 """
 from __future__ import annotations
 
@@ -26,6 +35,9 @@ from engine.models import checkpoint
 log = logging.getLogger(__name__)
 
 DRAFTER_TYPE = "qwen3_5_mtp"
+# mlx-vlm drafter model_type -> the family whose conversion it attaches to (beside Qwen3.5's).
+NEXTN_DRAFTERS = {"glm4_moe_lite_mtp": "glm4_moe_lite"}
+NEXTN_COPIES = ("model.embed_tokens.", "lm_head.")  # (quantized: .weight, .scales, .biases)
 NORM_SUFFIXES = ("norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 
 
@@ -34,7 +46,7 @@ def is_drafter(folder: Path) -> bool:
         raw = checkpoint.read_json(folder / "config.json", "config.json")
     except ModelLoadError:
         return False
-    return raw.get("model_type") == DRAFTER_TYPE
+    return raw.get("model_type") == DRAFTER_TYPE or raw.get("model_type") in NEXTN_DRAFTERS
 
 
 def sibling_drafter(model: Path) -> Path | None:
@@ -46,7 +58,12 @@ def sibling_drafter(model: Path) -> Path | None:
 def check_drafter(folder: Path, model_config: dict) -> dict:
     """The drafter's config, after checking it belongs to this model's shape."""
     raw = checkpoint.read_json(folder / "config.json", "config.json")
-    if raw.get("model_type") != DRAFTER_TYPE:
+    family = checkpoint.TYPE_FAMILY.get(str(model_config.get("model_type")))
+    want = next((t for t, f in NEXTN_DRAFTERS.items() if f == family), None)
+    if want is not None and raw.get("model_type") != want:
+        raise GraftError(f"refused: {folder} is not an mlx-vlm {family} MTP drafter "
+                         f"(model_type {raw.get('model_type')!r}, expected {want!r})")
+    if want is None and raw.get("model_type") != DRAFTER_TYPE:
         raise GraftError(f"refused: {folder} is not an mlx-vlm Qwen3.5 MTP drafter "
                          f"(model_type {raw.get('model_type')!r}, expected {DRAFTER_TYPE!r})")
     theirs = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
@@ -130,3 +147,38 @@ def write_from_drafter(folder: Path, out: Path, *, bits: int, group_size: int, d
     if packed is not None and int(packed.get("bits", 8)) < 8:
         log.warning("the drafter's head is %s-bit: used as published", packed.get("bits"))
     return encoding, packed
+
+
+def write_from_nextn_drafter(folder: Path, out: Path, *, layer: int, quant: dict | None,
+                             ) -> dict | None:
+    """Write the sidecar from a flattened nextn drafter (``NEXTN_DRAFTERS``): its tensors
+    renamed to ``model.layers.{layer}.*`` as published (bytes and packing kept), the copies of
+    the embedding and LM head dropped. Returns the head's packing (None: not quantized)."""
+    import mlx.core as mx
+
+    weights: dict = {}
+    for f in checkpoint.shard_files(folder):
+        weights.update(mx.load(str(f)))
+    prefix = f"model.layers.{layer}."
+    out_w = {}
+    for name, v in weights.items():
+        if name.startswith(NEXTN_COPIES) or name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name.startswith("model.mtp_block."):
+            out_w[prefix + name[len("model.mtp_block."):]] = v
+        elif name.startswith("model.shared_head_norm."):
+            out_w[prefix + "shared_head.norm." + name[len("model.shared_head_norm."):]] = v
+        elif name.startswith(("model.enorm.", "model.hnorm.", "model.eh_proj.")):
+            out_w[prefix + name[len("model."):]] = v
+        else:
+            raise GraftError(f"refused: the drafter {folder.name} holds {name}, which is not "
+                             "part of an mlx-vlm nextn drafter")
+    if not out_w:
+        raise GraftError(f"refused: the drafter {folder.name} holds no nextn layer tensors")
+    tmp = out.with_name(out.name + ".tmp.safetensors")
+    mx.save_safetensors(str(tmp), out_w, metadata={"format": "mlx"})
+    tmp.replace(out)
+    packed = quant if any(k.endswith(".scales") for k in out_w) else None
+    if packed is not None and int(packed.get("bits", 8)) < 8:
+        log.warning("the drafter's head is %s-bit: used as published", packed.get("bits"))
+    return packed

@@ -68,20 +68,64 @@ def write_sidecar(raw: Path, out: Path, *, bits: int, group_size: int, dtype: st
     return out.stat().st_size
 
 
+def write_nextn_sidecar(raw: Path, out: Path, *, bits: int, group_size: int,
+                        dtype: str) -> int:
+    """A nextn layer (``model.layers.{N}.*``, names as the source stores them) written with its
+    projection matrices at ``bits`` (affine, ``group_size``) and its other floats in the
+    trunk's dtype; the loader renames and stacks them as it does a raw layer (mlx-lm's
+    sanitize stacks per-expert ``weight`` / ``scales`` / ``biases`` alike). Left as they are:
+    the router (``mlp.gate``: not a Linear in mlx-lm) and its correction bias, MLA's
+    ``kv_b_proj`` (mlx-lm's sanitize splits it; kept in float so the split needs no
+    requantization), and a source stored in fp8 with ``weight_scale_inv`` (written as it is,
+    16 returned by the caller's rule). Returns the sidecar's size."""
+    import mlx.core as mx
+
+    tensors = mx.load(str(raw))
+    if bits >= 16 or any(k.endswith("weight_scale_inv") for k in tensors):
+        import os
+
+        os.replace(raw, out)
+        return out.stat().st_size
+    target = getattr(mx, dtype)
+    weights = {}
+    for name, v in tensors.items():
+        if "e_score_correction_bias" in name or not mx.issubdtype(v.dtype, mx.floating):
+            weights[name] = v
+            continue
+        v = v.astype(target)
+        if name.endswith(".weight") and v.ndim == 2 and v.shape[-1] % group_size == 0 \
+                and not name.endswith(("mlp.gate.weight", "kv_b_proj.weight")):
+            w, s, b = mx.quantize(v, group_size=group_size, bits=bits)
+            base = name[: -len(".weight")]
+            weights.update({f"{base}.weight": w, f"{base}.scales": s, f"{base}.biases": b})
+        else:
+            weights[name] = v
+    mx.eval(weights)
+    tmp = out.with_name(out.name + ".tmp.safetensors")
+    mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
+    tmp.replace(out)
+    return out.stat().st_size
+
+
 def grafted_config(config: dict, *, source: str, commit: str | None, mtp_layers: int,
-                   norms: str = "raw_hf_delta", packing: dict | None = None) -> dict:
+                   norms: str | None = "raw_hf_delta", packing: dict | None = None) -> dict:
     """The model's config.json declaring the sidecar (MTPLX's keys) and where it came from.
     ``norms``: how the sidecar stores its norms ("raw_hf_delta": zero-centred as Qwen
-    publishes them, "mlx_multiplier": 1 + w); ``packing``: its affine quantization, if any."""
+    publishes them, "mlx_multiplier": 1 + w; None: a nextn layer, whose plain norms and
+    ``num_nextn_predict_layers`` the config already describes, with ``mtp_layers`` 0);
+    ``packing``: its affine quantization, if any."""
     out = dict(config)
     text = out.get("text_config") if isinstance(out.get("text_config"), dict) else out
-    if text is out:
+    if not mtp_layers:
+        pass
+    elif text is out:
         out["mtp_num_hidden_layers"] = text.get("mtp_num_hidden_layers") or mtp_layers
     else:
         out["text_config"] = {**text, "mtp_num_hidden_layers":
                               text.get("mtp_num_hidden_layers") or mtp_layers}
     out["mlx_lm_extra_tensors"] = {"mtp_file": SIDECAR}
-    out["mtp_norm_encoding"] = norms
+    if norms:
+        out["mtp_norm_encoding"] = norms
     out.pop("mtplx_mtp_quantization", None)
     if packing:
         out["mtplx_mtp_quantization"] = {"prequantized": True, "bits": int(packing["bits"]),

@@ -38,6 +38,13 @@ OFFICIAL_SHAPES = {
     ("qwen3_5", 1024, 24): ("Qwen/Qwen3.5-0.8B",), ("qwen3_5", 2048, 24): ("Qwen/Qwen3.5-2B",),
     ("qwen3_5", 2560, 32): ("Qwen/Qwen3.5-4B",), ("qwen3_5", 4096, 32): ("Qwen/Qwen3.5-9B",),
     ("qwen3_5", 5120, 64): ("Qwen/Qwen3.5-27B", "Qwen/Qwen3.6-27B"),
+    ("qwen3_next", 2048, 48): ("Qwen/Qwen3-Next-80B-A3B-Instruct",
+                               "Qwen/Qwen3-Next-80B-A3B-Thinking"),
+    ("glm4_moe", 4096, 46): ("zai-org/GLM-4.5-Air",),
+    ("glm4_moe", 5120, 92): ("zai-org/GLM-4.5", "zai-org/GLM-4.6", "zai-org/GLM-4.7"),
+    ("glm4_moe_lite", 2048, 47): ("zai-org/GLM-4.7-Flash",),
+    ("deepseek_v3", 7168, 61): ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324",
+                                "deepseek-ai/DeepSeek-V3.1"),
 }
 # Text-config fields a conversion copies verbatim from its source: all must agree.
 SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
@@ -45,7 +52,9 @@ SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention
                 "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
                 "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
                 "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                "shared_expert_intermediate_size", "tie_word_embeddings")
+                "shared_expert_intermediate_size", "tie_word_embeddings",
+                "n_routed_experts", "n_shared_experts", "q_lora_rank", "kv_lora_rank",
+                "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
 class GraftError(HubError):
@@ -81,7 +90,8 @@ class Source:
 
     @property
     def head_names(self) -> list[str]:
-        return sorted(n for n in self.tensor_file if n.startswith(checkpoint.MTP_PREFIXES))
+        is_head = head_test(self.config)
+        return sorted(n for n in self.tensor_file if is_head(n))
 
     @property
     def head_bytes(self) -> int:
@@ -94,6 +104,25 @@ class Source:
     def text(self) -> dict:
         t = self.config.get("text_config")
         return t if isinstance(t, dict) else self.config
+
+
+def head_test(config: dict):
+    """``name -> bool``: is a tensor of a checkpoint with this ``config.json`` part of its MTP
+    head? ``mtp.*``; for the nextn families (``families.NEXTN``) the layer after the last,
+    ``model.layers.{num_hidden_layers}.*``, without its copies of the embedding and LM head
+    (the loader uses the trunk's: fetching them would cost 2 x vocab x hidden)."""
+    from engine.models.families import NEXTN, NEXTN_COPIES
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    n = text.get("num_hidden_layers")
+    family = checkpoint.TYPE_FAMILY.get(str(config.get("model_type")))
+    nextn = f"model.layers.{n}." if family in NEXTN and isinstance(n, int) else None
+
+    def is_head(name: str) -> bool:
+        if name.startswith(checkpoint.MTP_PREFIXES):
+            return True
+        return nextn is not None and name.startswith(nextn) and not name.endswith(NEXTN_COPIES)
+    return is_head
 
 
 def _nbytes(meta: dict) -> int:
@@ -203,13 +232,13 @@ def _header(repo_id: str, f, commit: str, token: str | None) -> Shard:
     return Shard(f.path, f.size, f.sha256, len(blob), blob, tensors)
 
 
-def _wanted_shards(index: dict, shards: list[str], want: tuple[str, ...]) -> list[str]:
-    """The shards holding ``mtp.*`` or a tensor whose name ends with one of ``want``."""
+def _wanted_shards(index: dict, shards: list[str], want: tuple[str, ...],
+                   is_head) -> list[str]:
+    """The shards holding the head (``is_head``) or a tensor whose name ends with ``want``."""
     wm = index.get("weight_map") if isinstance(index.get("weight_map"), dict) else None
     if not wm:
         return shards
-    keep = {f for n, f in wm.items() if isinstance(f, str) and (
-        n.startswith(checkpoint.MTP_PREFIXES) or n.endswith(want))}
+    keep = {f for n, f in wm.items() if isinstance(f, str) and (is_head(n) or n.endswith(want))}
     return [s for s in shards if s in keep]
 
 
@@ -229,7 +258,7 @@ def read_source(repo_id: str, *, revision: str = "main", token: str | None = Non
                     and "/" not in f.path)
     repo_bytes = sum(f.size for f in listing.files if f.path in shards)
     heads = [_header(repo_id, listing.file(p), listing.commit, token)
-             for p in _wanted_shards(index, shards, want)]
+             for p in _wanted_shards(index, shards, want, head_test(config))]
     tensor_file = {n: s.path for s in heads for n in s.tensors}
     meta = used + n_index + sum(len(s.header) for s in heads)
     return Source(repo_id, revision, listing.commit, config, {s.path: s for s in heads},

@@ -32,7 +32,9 @@ COMPARED = SHIFTED + ("linear_attn.A_log", "linear_attn.dt_bias")
 MAX_COMPARED_BYTES = 1 << 16   # per tensor
 MAX_COMPARED = 6
 SOURCE_PREFIXES = ("model.language_model.", "model.", "language_model.model.")
-CONV_PREFIX = "language_model.model."
+# Where a conversion keeps its trunk: Qwen3.5's nest it under language_model, the
+# text-only families (Qwen3-Next, GLM, DeepSeek) write model.*.
+CONV_PREFIXES = ("language_model.model.", "model.")
 
 
 def check_config(folder_config: dict, source: Source) -> None:
@@ -43,9 +45,9 @@ def check_config(folder_config: dict, source: Source) -> None:
     fam = (checkpoint.TYPE_FAMILY.get(str(folder_config.get("model_type"))),
            checkpoint.TYPE_FAMILY.get(str(source.config.get("model_type"))))
     if fam[0] != fam[1]:
-        raise GraftError(f"refused: the model is {fam[0] or 'not a Qwen3.5 model'}, "
-                         f"{source.repo_id} is {fam[1] or 'not a Qwen3.5 model'}; nothing was "
-                         "fetched")
+        raise GraftError(f"refused: the model is {fam[0] or 'not a supported model'}, "
+                         f"{source.repo_id} is {fam[1] or 'not a supported model'}; nothing "
+                         "was fetched")
     for key in SHAPE_FIELDS:
         a = mine.get(key, folder_config.get(key))
         b = theirs.get(key, source.config.get(key))
@@ -53,8 +55,8 @@ def check_config(folder_config: dict, source: Source) -> None:
             raise GraftError(f"refused: the trunk is not {source.repo_id}'s ({key} is {a} here, "
                              f"{b} there); nothing was fetched")
     if not source.head_names:
-        raise GraftError(f"refused: {source.repo_id} has no MTP head (no mtp.* tensors); "
-                         "nothing was fetched")
+        raise GraftError(f"refused: {source.repo_id} has no MTP head (no mtp.* tensors or "
+                         "nextn layer); nothing was fetched")
 
 
 def local_tensors(folder: Path) -> dict[str, tuple[Path, dict]]:
@@ -70,13 +72,14 @@ def pairs(local: dict, source: Source) -> list[tuple[str, str]]:
     """(conversion name, source name) of the small unquantized tensors to compare."""
     out = []
     for name in sorted(local, key=_order):
-        if not name.startswith(CONV_PREFIX) or not name.endswith(COMPARED):
+        prefix = next((p for p in CONV_PREFIXES if name.startswith(p)), None)
+        if prefix is None or not name.endswith(COMPARED):
             continue
         base = name[:-len(".weight")] if name.endswith(".weight") else name
         shard, meta = local[name]
         if f"{base}.scales" in local or meta["dtype"] not in ("F32", "F16", "BF16"):
             continue
-        rel = name[len(CONV_PREFIX):]
+        rel = name[len(prefix):]
         src = next((p + rel for p in SOURCE_PREFIXES if p + rel in source.tensor_file), None)
         if src is None or source.meta(src)["data_offsets"][1] - \
                 source.meta(src)["data_offsets"][0] > MAX_COMPARED_BYTES:
@@ -149,6 +152,9 @@ def check_tensors(folder: Path, source: Source, token: str | None) -> int:
     if not todo:
         raise GraftError(f"refused: no unquantized trunk tensor of the model can be compared "
                          f"with {source.repo_id}'s, so it cannot be proved to be its trunk")
+    from engine.models.families import ZERO_CENTRED
+
+    shifts = checkpoint.TYPE_FAMILY.get(str(source.config.get("model_type"))) in ZERO_CENTRED
     fetched = 0
     for mine, theirs in todo:
         path, meta = local[mine]
@@ -160,7 +166,8 @@ def check_tensors(folder: Path, source: Source, token: str | None) -> int:
         fetched += len(data)
         here = _decode(read_local(path, meta), meta["dtype"], meta["shape"])
         there = _decode(data, smeta["dtype"], smeta["shape"])
-        if not any(_same(v, here) for v in _variants(there, here.dtype, mine.endswith(SHIFTED))):
+        shifted = shifts and mine.endswith(SHIFTED)  # plain RMSNorms are copied as they are
+        if not any(_same(v, here) for v in _variants(there, here.dtype, shifted)):
             import mlx.core as mx
 
             delta = float(mx.max(mx.abs(here.astype(mx.float32) - there.astype(mx.float32))))
@@ -172,7 +179,7 @@ def check_tensors(folder: Path, source: Source, token: str | None) -> int:
     return fetched
 
 
-EMBED = "language_model.model.embed_tokens"
+EMBEDS = tuple(p + "embed_tokens" for p in CONV_PREFIXES)
 
 
 def _row(path: Path, meta: dict, row: int) -> bytes:
@@ -197,7 +204,8 @@ def check_embedding_rows(folder: Path, local: dict, source: Source, token: str |
     quant = read_config(folder).quantization or {}
     theirs = next((p + "embed_tokens.weight" for p in SOURCE_PREFIXES
                    if p + "embed_tokens.weight" in source.tensor_file), None)
-    parts = [local.get(f"{EMBED}.{k}") for k in ("weight", "scales", "biases")]
+    embed = next((e for e in EMBEDS if f"{e}.weight" in local), EMBEDS[0])
+    parts = [local.get(f"{embed}.{k}") for k in ("weight", "scales", "biases")]
     if theirs is None or None in parts or quant.get("mode", "affine") != "affine":
         return 0
     smeta = source.meta(theirs)

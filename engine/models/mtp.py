@@ -26,16 +26,24 @@ MTP_NORM_SUFFIXES = (
 )
 
 
+def gated_attention_layer(args: TextModelArgs):
+    """Qwen3.5's MTP layer: mlx-lm's decoder layer as its gated full-attention variant
+    (layer_idx = interval - 1)."""
+    return DecoderLayer(args, layer_idx=args.full_attention_interval - 1)
+
+
 class MTPHead(nn.Module):
-    def __init__(self, args: TextModelArgs, num_layers: int = 1) -> None:
+    """``layer(args)`` builds one MTP decoder layer (Qwen3.5's by default; Qwen3-Next passes
+    its own gated-attention MoE layer: the head's wiring is the same)."""
+
+    def __init__(self, args: TextModelArgs, num_layers: int = 1,
+                 layer=gated_attention_layer) -> None:
         super().__init__()
         h = args.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)
-        # layer_idx = interval - 1 makes mlx-lm build the gated full-attention variant.
-        self.layers = [DecoderLayer(args, layer_idx=args.full_attention_interval - 1)
-                       for _ in range(num_layers)]
+        self.layers = [layer(args) for _ in range(num_layers)]
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
 
     def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list[KVCache]) -> mx.array:

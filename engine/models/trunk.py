@@ -96,15 +96,23 @@ def _recurrence_steps(gdn, q, k, v, a, b, state, cpu: bool | None = None,
     return outs, states
 
 
-def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
-                 ) -> tuple[mx.array, GDNCapture]:
-    """GatedDeltaNet forward over S tokens that keeps the conv window and recurrent state
-    after every step. Same math as mlx-lm's layer; the recurrence runs one step at a time."""
+def split_projections(gdn, x: mx.array) -> tuple[mx.array, ...]:
+    """Qwen3.5's separate input projections -> (mixed q|k|v [B, S, conv_dim], z [B, S, Hv,
+    Dv], b [B, S, Hv], a [B, S, Hv]): what the conv and the recurrence read. A family whose
+    GDN fuses them (Qwen3-Next) passes its own function of the same shape to the forward."""
     B, S, _ = x.shape
     qkv = gdn.in_proj_qkv(x)
     z = gdn.in_proj_z(x).reshape(B, S, gdn.num_v_heads, gdn.head_v_dim)
-    b = gdn.in_proj_b(x)
-    a = gdn.in_proj_a(x)
+    return qkv, z, gdn.in_proj_b(x), gdn.in_proj_a(x)
+
+
+def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
+                 project=split_projections) -> tuple[mx.array, GDNCapture]:
+    """GatedDeltaNet forward over S tokens that keeps the conv window and recurrent state
+    after every step. Same math as mlx-lm's layer; the recurrence runs one step at a time.
+    ``project`` maps the layer's input to (q|k|v, z, b, a) (``split_projections``)."""
+    B, S, _ = x.shape
+    qkv, z, b, a = project(gdn, x)
     n_keep = gdn.conv_kernel_size - 1
     conv_state = cache[0] if cache[0] is not None else mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
@@ -130,7 +138,7 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
 
 
 def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
-                       ) -> tuple[mx.array, GDNCapture]:
+                       project=split_projections) -> tuple[mx.array, GDNCapture]:
     """``_gdn_capture`` as one ``mx.compile``d function per layer and input shape on the CPU
     branch (``cpu``: as the forward read it; None: read the switch) (the same operations
     fused: bit-identical, tested for one row and a batch's; depth 2-3
@@ -141,9 +149,10 @@ def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
     live on the layer itself, so they go with the model."""
     cpu = _cpu(cpu)
     if not cpu or cache[0] is None or cache[1] is None:
-        return _gdn_capture(gdn, x, cache, cpu)
+        return _gdn_capture(gdn, x, cache, cpu, project)
     return _compiled_captured(gdn, "_mtpchat_capture",
-                              functools.partial(_gdn_capture, gdn, cpu=True), x, cache)
+                              functools.partial(_gdn_capture, gdn, cpu=True, project=project),
+                              x, cache)
 
 
 def _compiled_captured(module, name: str, run, x: mx.array, cache,
@@ -248,7 +257,7 @@ def _attn_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,
 
 
 def linear_layer(layer, x: mx.array, cache, cpu: bool | None = None,
-                 ) -> tuple[mx.array, GDNCapture]:
+                 project=split_projections) -> tuple[mx.array, GDNCapture]:
     """A Gated DeltaNet decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
     ``h = x + linear_attn(input_layernorm(x))``, keeping the conv window and recurrent state
     after every step (``_gdn_capture``). On the CPU branch (``cpu``: as the forward read it;
@@ -259,18 +268,18 @@ def linear_layer(layer, x: mx.array, cache, cpu: bool | None = None,
     gdn = layer.linear_attn
     cpu = _cpu(cpu)
     if not cpu or cache[0] is None or cache[1] is None or not _dense(layer):
-        r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache, cpu)
+        r, cap = _gdn_capture_fused(gdn, layer.input_layernorm(x), cache, cpu, project)
         return mlp_block(layer, x + r, cpu), cap
 
     def whole(x, caches):
-        out, cap = _gdn_capture(gdn, layer.input_layernorm(x), caches, True)
+        out, cap = _gdn_capture(gdn, layer.input_layernorm(x), caches, True, project)
         h = x + out
         return h + layer.mlp(layer.post_attention_layernorm(h)), cap
     return _compiled_captured(layer, "_mtpchat_layer", whole, x, cache)
 
 
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
-                   ) -> tuple[mx.array, dict[int, GDNCapture]]:
+                   project=split_projections) -> tuple[mx.array, dict[int, GDNCapture]]:
     """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
 
     With ``capture`` the GDN layers record their per-step states (keyed by layer index);
@@ -279,6 +288,7 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
     layers unchanged. The device branch (engine/models/device.py) is read once, here.
+    ``project``: the GDN layers' input projections (``split_projections``: Qwen3.5's).
 
     Split across machines by mlx-lm (``engine.distributed.family``): tensor parallel needs
     nothing here (mlx-lm's sharded layers, and ``_gdn_capture``, sum their parts); pipeline
@@ -301,7 +311,7 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue
         if layer.is_linear:
-            x, cap = linear_layer(layer, x, c, cpu)
+            x, cap = linear_layer(layer, x, c, cpu, project)
             if capture:
                 captures[i] = cap
         else:

@@ -111,9 +111,9 @@ class NextNFamily(Family):
         head_w = self._head_weights(cfg, trunk, mtp_raw, declared)
         head = NextNHead(trunk.args, self.layer(trunk.args, int(cfg.text["num_hidden_layers"])),
                          kv_shapes=self.kv_shapes(trunk.args), mask_array=self.mask_array)
-        if cfg.quantization:
-            quantize_like(head, {f"mtp.{k}": v for k, v in head_w.items()}, cfg.quantization,
-                          "mtp.")
+        quant = cfg.mtp_quantization or cfg.quantization  # a graft's own packing, else the model's
+        if quant:
+            quantize_like(head, {f"mtp.{k}": v for k, v in head_w.items()}, quant, "mtp.")
         apply_weights(head, head_w, "MTP head")
         notes = (f"config.json declares {declared} nextn layers; the first drafts every "
                  "step.",) if declared > 1 else ()

@@ -13,6 +13,10 @@ from engine.models.families.base import Family
 
 
 class Qwen35(Family):
+    # mlx-lm's qwen3_5 sanitize expects per-expert tensors already stacked; qwen3_next's
+    # stacks them itself (and only then shifts the zero-centred norms).
+    stack_experts = True
+
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -20,7 +24,7 @@ class Qwen35(Family):
         return has_mtp(names)
 
     def build(self, cfg, weights: dict) -> Built:
-        return build_qwen(cfg, weights)
+        return build_qwen(cfg, weights, self)
 
     def build_trunk(self, cfg):
         return build_trunk(cfg)
@@ -37,23 +41,40 @@ class Qwen35(Family):
     def lm_head(self, text_model, h):
         return trunk_ops.lm_head(text_model, h)
 
+    def head_args(self, cfg):
+        """mlx-lm's args the MTP head's layer is built from."""
+        from mlx_lm.models.qwen3_5 import TextModelArgs
+
+        return TextModelArgs.from_dict(dict(cfg.text))
+
+    def head_layer(self, cfg, mtp_raw: dict):
+        """``args -> decoder layer`` for the MTP head (``mtp_raw``: its tensors)."""
+        from engine.models.mtp import gated_attention_layer
+
+        return gated_attention_layer
+
 
 def family(name: str) -> Family:
     return Qwen35(name)
 
 
-def build_qwen(cfg, weights: dict) -> Built:
+def build_qwen(cfg, weights: dict, fam: Qwen35 | None = None) -> Built:
+    """Trunk and ``mtp.*`` head of a Qwen-style checkpoint; ``fam`` builds the trunk and the
+    head's layer (Qwen3.5 by default; Qwen3-Next subclasses it)."""
+    fam = fam or Qwen35(cfg.family)
     raw_layout = is_raw_hf_layout(weights)
     weights = {mtp_key(k): v for k, v in weights.items()}
     mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
-    trunk_raw = stack_per_expert({k: v for k, v in weights.items() if not k.startswith("mtp.")})
-    trunk = build_trunk(cfg)
+    trunk_raw = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+    if fam.stack_experts:
+        trunk_raw = stack_per_expert(trunk_raw)
+    trunk = fam.build_trunk(cfg)
     trunk_w = load_trunk(trunk, trunk_raw, cfg.quantization)
     if not mtp_raw:
         note = ("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
                 "drop the MTP head; convert from the official Qwen repo to keep it.")
         return Built(trunk, None, trunk_w, raw_layout, 0, (note,))
-    mtp, n_mtp = _build_mtp(cfg, mtp_raw, raw_layout)
+    mtp, n_mtp = _build_mtp(cfg, mtp_raw, raw_layout, fam)
     return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, ())
 
 
@@ -68,19 +89,17 @@ def build_trunk(cfg):
     return module.Model(args)
 
 
-def _build_mtp(cfg, mtp_raw: dict, raw_layout: bool):
-    from mlx_lm.models.qwen3_5 import TextModelArgs
-
+def _build_mtp(cfg, mtp_raw: dict, raw_layout: bool, fam: Qwen35):
     from engine.models.mtp import MTPHead, sanitize_mtp
 
-    args = TextModelArgs.from_dict(dict(cfg.text))
+    args = fam.head_args(cfg)
     n_mtp = cfg.mtp_layers
     if n_mtp < 1:
         layer_ids = [k.split(".")[2] for k in mtp_raw if k.startswith("mtp.layers.")]
         if not layer_ids or not all(i.isdigit() for i in layer_ids):
             raise ModelLoadError("The mtp.* tensors have no numbered layers (mtp.layers.N).")
         n_mtp = 1 + max(int(i) for i in layer_ids)
-    mtp = MTPHead(args, num_layers=n_mtp)
+    mtp = MTPHead(args, num_layers=n_mtp, layer=fam.head_layer(cfg, mtp_raw))
     # MTPLX packs keep Qwen's zero-centred MTP norms beside an MLX trunk: the pack says so.
     shift = raw_layout if cfg.mtp_norms is None else cfg.mtp_norms == "zero-centred"
     mtp_w = sanitize_mtp(mtp_raw, shift_norms=shift)

@@ -26,6 +26,8 @@ TORCH_CLASSES = {
         "transformers.models.glm4_moe_lite.modeling_glm4_moe_lite.Glm4MoeLiteForCausalLM"),
     "deepseek_v3": ("transformers.models.deepseek_v3.configuration_deepseek_v3.DeepseekV3Config",
                     "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3ForCausalLM"),
+    "qwen3_next": ("transformers.models.qwen3_next.configuration_qwen3_next.Qwen3NextConfig",
+                   "transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextForCausalLM"),
 }
 
 
@@ -73,7 +75,7 @@ def torch_trunk(folder: Path, tensors: dict[str, torch.Tensor]):
     model = model_cls(config)
     n = cfg["num_hidden_layers"]
     state = {k: v for k, v in tensors.items()
-             if not k.startswith(tuple(f"model.layers.{n + j}." for j in range(4)))}
+             if not k.startswith(tuple(f"model.layers.{n + j}." for j in range(4)) + ("mtp.",))}
     model.load_state_dict(fuse_experts(state), strict=True)
     return model.float().eval()
 
@@ -128,6 +130,66 @@ class TorchNextN(torch.nn.Module):
             out = out[0]
         return out, self.head(self.shared_head_norm(out))
 
+    def recursed(self, out: torch.Tensor) -> torch.Tensor:
+        """What step j+1 reads: the output before shared_head.norm (vLLM); after it with
+        ``wiring="recursion"`` (the deliberate mistake)."""
+        return self.shared_head_norm(out) if self.wiring == "recursion" else out
+
+
+class TorchQwenMTP(torch.nn.Module):
+    """Qwen3-Next's ``mtp.*`` head from transformers' modules (its ``Qwen3NextRMSNorm``,
+    ``Qwen3NextDecoderLayer`` as a full-attention MoE layer, a Linear), wired as vLLM's
+    ``qwen3_next_mtp.py``: ``fc(concat([pre_fc_norm_embedding(embed(x)),
+    pre_fc_norm_hidden(h)]))``, the layer, ``mtp.norm``; the trunk's embedding and LM head
+    (vLLM shares them); step j+1 reads step j's output after ``mtp.norm``."""
+
+    def __init__(self, trunk, tensors: dict[str, torch.Tensor], *, wiring: str = "vllm"):
+        import copy
+
+        super().__init__()
+        config = copy.deepcopy(trunk.config)
+        h, n = config.hidden_size, config.num_hidden_layers
+        config.layer_types = list(config.layer_types) + ["full_attention"]
+        object.__setattr__(self, "trunk", trunk)
+        norm = type(trunk.model.norm)
+        self.pre_fc_norm_embedding = norm(h, eps=config.rms_norm_eps)
+        self.pre_fc_norm_hidden = norm(h, eps=config.rms_norm_eps)
+        self.fc = torch.nn.Linear(2 * h, h, bias=False)
+        self.layer = type(trunk.model.layers[-1])(config, n)  # full attention, MoE
+        self.norm = norm(h, eps=config.rms_norm_eps)
+        self.wiring = wiring
+        state = {}
+        for k, v in tensors.items():
+            if k.startswith("mtp.layers.0."):
+                state["layer." + k[len("mtp.layers.0."):]] = v
+            elif k.startswith("mtp."):
+                state[k[len("mtp."):]] = v
+        self.load_state_dict(fuse_experts(state), strict=True)
+        self.float().eval()
+
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [1, S, H], ids [1, S]: pair s at position s -> (the head's output after
+        mtp.norm [1, S, H], logits [1, S, V])."""
+        e = self.pre_fc_norm_embedding(self.trunk.model.embed_tokens(ids))
+        hh = self.pre_fc_norm_hidden(hidden)
+        z = self.fc(torch.cat([hh, e] if self.wiring == "swapped" else [e, hh], -1))
+        s = z.shape[1]
+        positions = torch.arange(s)[None]
+        rope = self.trunk.model.rotary_emb(z, positions)
+        mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
+        pre = self.layer(z, position_embeddings=rope, attention_mask=mask,
+                         position_ids=positions)
+        if isinstance(pre, tuple):
+            pre = pre[0]
+        out = self.norm(pre)
+        self.last_pre_norm = pre
+        return out, self.trunk.lm_head(out)
+
+    def recursed(self, out: torch.Tensor) -> torch.Tensor:
+        """What step j+1 reads: the output after mtp.norm (vLLM); before it with
+        ``wiring="recursion"`` (the deliberate mistake)."""
+        return self.last_pre_norm[:, -1:] if self.wiring == "recursion" else out
+
 
 def _with_nextn_layer(config):
     """``config`` with a per-layer kind for layer n (the nextn layer is sparse, MoE), for
@@ -144,11 +206,12 @@ def _with_nextn_layer(config):
 
 def reference_drafts(folder: Path, prompt: list[int], k: int, *, wiring: str = "vllm"):
     """Greedy: the trunk's next token x0 after ``prompt``, then k drafts of the reference
-    head by recursion (step j+1 on step j's output before shared_head.norm — or after it,
-    with ``wiring="post-norm"``). Returns (x0, drafts, logits per step [k, V])."""
+    head by recursion (step j+1 on what vLLM recurses on — or the other side of the final
+    norm, with ``wiring="recursion"``). Returns (x0, drafts, logits per step [k, V])."""
     tensors = read_tensors(folder)
     trunk = torch_trunk(folder, tensors)
-    head = TorchNextN(trunk, tensors, wiring=wiring)
+    head = (TorchQwenMTP if trunk.config.model_type == "qwen3_next" else TorchNextN)(
+        trunk, tensors, wiring=wiring)
     with torch.no_grad():
         x = torch.tensor([prompt])
         hidden = trunk.model(input_ids=x).last_hidden_state
@@ -160,7 +223,7 @@ def reference_drafts(folder: Path, prompt: list[int], k: int, *, wiring: str = "
             logits.append(lg[0, -1])
             d = int(lg[0, -1].argmax())
             drafts.append(d)
-            nxt = head.shared_head_norm(out[:, -1:]) if wiring == "post-norm" else out[:, -1:]
+            nxt = head.recursed(out[:, -1:])
             hs = torch.cat([hs, nxt], 1)
             ids = torch.cat([ids, torch.tensor([[d]])], 1)
     return x0, drafts, torch.stack(logits).double().numpy()

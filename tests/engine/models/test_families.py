@@ -31,7 +31,7 @@ from engine.decoding.session import Session
 from engine.errors import ModelLoadError
 from tests.engine.decoding.test_batching import alone, batched
 from tests.engine.decoding.test_decode import draft_one, prompts
-from tests.tinyfamilies import FAMILIES, build_tiny_family
+from tests.tinyfamilies import FAMILIES, NEXTN, build_tiny_family
 from tests.tinymodels import build_tiny_model
 
 ALL = ("qwen3_5",) + FAMILIES
@@ -112,17 +112,18 @@ def test_drafts_equal_the_reference_head_at_every_depth_step(family, folders, mo
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mistake", ["swapped", "post-norm"])
+@pytest.mark.parametrize("mistake", ["swapped", "recursion"])
 def test_oracle_detects_wiring_mistakes(family, mistake, folders, models):
-    """The reference wired wrong (hidden first in the concat; recursion after
-    shared_head.norm) differs from the engine by far more than rounding."""
+    """The reference wired wrong (hidden first in the concat; recursion on the other side of
+    the final norm: after shared_head.norm for nextn, before mtp.norm for Qwen3-Next) differs
+    from the engine by far more than rounding."""
     pytest.importorskip("torch")
     from tests.engine.models.families_oracle import reference_drafts
 
     p = prompts(1, seed=41)[0]
     _, _, wrong = reference_drafts(folders[family], p, 3, wiring=mistake)
     _, _, logits = _engine_drafts(models[family], p, 3)
-    rows = slice(0, 3) if mistake == "swapped" else slice(1, 3)  # post-norm: from step 2
+    rows = slice(0, 3) if mistake == "swapped" else slice(1, 3)  # recursion: from step 2
     assert np.abs(logits[rows] - wrong[rows]).max() > 1e-2
 
 
@@ -214,6 +215,8 @@ def _rewrite(folder, *, config=None, drop=(), reshape=()):
     from safetensors.numpy import load_file, save_file
 
     path = folder / "model.safetensors"
+    if callable(drop):
+        drop = drop(folder)
     tensors = load_file(str(path))
     for k in drop:
         tensors.pop(k)
@@ -226,6 +229,28 @@ def _rewrite(folder, *, config=None, drop=(), reshape=()):
         (folder / "config.json").write_text(json.dumps(cfg))
 
 
+def _qwen3_next_mtp_layer(folder) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "np") as f:
+        return [k for k in f.keys() if k.startswith("mtp.layers.0.")]
+
+
+BROKEN_QWEN3_NEXT = {
+    "the mtp layer missing": (dict(drop=_qwen3_next_mtp_layer), "no MTP decoder layer"),
+    "mtp_num_hidden_layers 2": (dict(config={"mtp_num_hidden_layers": 2}),
+                                "mtp_num_hidden_layers is 2"),
+    "mtp_num_hidden_layers 0": (dict(config={"mtp_num_hidden_layers": 0}),
+                                "mtp_num_hidden_layers is 0"),
+    "num_nextn_predict_layers 2": (
+        dict(config={"mtp_num_hidden_layers": None, "num_nextn_predict_layers": 2}),
+        "num_nextn_predict_layers is 2"),
+    "fc of the wrong shape": (dict(reshape=["mtp.fc.weight"]), "fc.weight"),
+    "an mtp expert of the wrong shape": (
+        dict(reshape=["mtp.layers.0.mlp.experts.0.up_proj.weight"]), "up_proj"),
+    "an mtp attention projection of the wrong shape": (
+        dict(reshape=["mtp.layers.0.self_attn.q_proj.weight"]), "q_proj"),
+}
 BROKEN = {
     "part of the nextn layer missing": (dict(drop=["model.layers.3.eh_proj.weight"]),
                                         "lacks eh_proj.weight"),
@@ -242,10 +267,10 @@ BROKEN = {
 }
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("case", list(BROKEN))
+@pytest.mark.parametrize(("family", "case"), [(f, c) for f in NEXTN for c in BROKEN]
+                         + [("qwen3_next", c) for c in BROKEN_QWEN3_NEXT])
 def test_broken_checkpoints_end_in_one_line(family, case, tmp_path):
-    how, needle = BROKEN[case]
+    how, needle = (BROKEN_QWEN3_NEXT if family == "qwen3_next" else BROKEN)[case]
     folder = build_tiny_family(tmp_path / "m", family)
     _rewrite(folder, **how)
     with pytest.raises(ModelLoadError) as err:
@@ -259,7 +284,7 @@ def test_broken_checkpoints_end_in_one_line(family, case, tmp_path):
 def test_no_nextn_layer_loads_for_plain_decoding_with_a_note(family, tmp_path):
     model = engine.load(build_tiny_family(tmp_path / "m", family, with_mtp=False))
     assert not model.info.has_mtp and model.mtp is None
-    assert "nextn" in model.info.notes[0]
+    assert ("mtp.*" if family == "qwen3_next" else "nextn") in model.info.notes[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -268,7 +293,8 @@ def test_quantized_conversion_keeps_an_8_bit_head_and_stays_exact(family, folder
 
     model = engine.load(convert(folders[family], tmp_path / "q4", bits=4, group_size=32))
     assert model.info.has_mtp and model.info.quantization["bits"] == 4
-    assert model.mtp.eh_proj.bits == 8  # the head at >= 8 bits (MTP_SPEC §2)
+    proj = model.mtp.fc if family == "qwen3_next" else model.mtp.eh_proj
+    assert proj.bits == 8  # the head at >= 8 bits (MTP_SPEC §2)
     p = prompts(1, seed=45)[0]
     assert _tokens(model, p, depth=3, n=12) == _tokens(model, p, depth=0, n=12)
 
@@ -285,12 +311,15 @@ def test_inspect_sees_the_nextn_head_and_its_memory(family, folders):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_prompt_limit_counts_the_familys_cache(family, models):
-    """KV bytes per token as the family's cache holds them (MLA: latent + rotary key), at
-    2 bytes an element (mlx-lm's args of these families carry no dtype: bf16 assumed)."""
+    """KV bytes per token as the family's cache holds them (MLA: latent + rotary key;
+    Qwen3-Next: its full-attention layers only), at 2 bytes an element (mlx-lm's args of
+    these families carry no dtype: bf16 assumed)."""
     from engine.models.prompt_limits import kv_bytes_per_token
 
     cfg = json.loads((Path(models[family].info.path) / "config.json").read_text())
     layers = cfg["num_hidden_layers"]
+    if family == "qwen3_next":  # only the full-attention layers grow with the context
+        layers //= cfg["full_attention_interval"]
     want = layers * 2 * ((cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) if "kv_lora_rank" in cfg
                          else 2 * cfg["num_key_value_heads"] * cfg["head_dim"])
     assert kv_bytes_per_token(models[family].trunk) == want
