@@ -70,6 +70,13 @@ class LoadedModel(QObject):
         self.changed.emit(info)
         self.status_changed.emit()
 
+    def set_remote(self, info: ModelInfo) -> None:
+        """A model served elsewhere (``app.remote``): nothing to load here."""
+        self.loading_path, self.progress_text, self.error = None, "", ""
+        self.info = info
+        self.changed.emit(info)
+        self.status_changed.emit()
+
     @Slot(str)
     def on_load_failed(self, message: str) -> None:
         """Also for failures found before the worker is asked (a missing folder)."""

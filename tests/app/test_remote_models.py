@@ -1,0 +1,201 @@
+"""Models served elsewhere (issue 34, item 3), end to end: a real ``engine serve`` process of
+the demo model and a real non-MTP OpenAI-compatible server (``tests.app.fake_openai``) on
+127.0.0.1, added through the "Connect to a server" dialog of the real chat window; replies
+stream into the chat through ``app.remote.source``, their figures reach the dashboard."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from openai import OpenAI
+
+from app.chat.settings import ChatSettings
+from app.fake.engine import FakeModel
+from app.remote.connections import ConnectionStore, is_remote, probe
+from tests.app.chat_fixtures import make_window, send
+from tests.app.remote_servers import PlainServer, free_port
+from tests.server.conftest import start_serve
+
+KEY = "sk-test-remote-1234"
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tmp_path_factory):
+    """The demo model behind ``engine serve --api-key``."""
+    server = start_serve(tmp_path_factory.mktemp("serve-home"), "--api-key", KEY,
+                         "--max-queue", "8")
+    yield server
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait(10)
+    server.close()
+
+
+@pytest.fixture
+def win(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
+    w = make_window(qtbot, tmp_path, FakeModel(tokens_per_second=20000))
+    yield w
+    w.close()
+
+
+def connect(qtbot, w, url: str, key: str = ""):
+    """Fill in the dialog, test, save: the connection's first model becomes the chat's."""
+    d = w.remote.open_connect()
+    d.url.setText(url)
+    d.key.setText(key)
+    d.test_button.click()
+    qtbot.waitUntil(lambda: d.test_button.isEnabled(), timeout=15000)
+    return d
+
+
+def greedy(w, max_tokens: int = 40) -> None:
+    conv = w.current_conv
+    w.conversations.set_settings(conv, ChatSettings(temperature=0.0, top_p=1.0, top_k=0,
+                                                    max_tokens=max_tokens, depth=2))
+
+
+def last_reply(w):
+    return [m for m in w.conversations.messages(w.current_conv) if m.role == "assistant"][-1]
+
+
+def test_mtp_server_reply_streams_into_the_chat_and_feeds_the_dashboard(qtbot, win, mtp_server):
+    d = connect(qtbot, win, mtp_server.url, KEY)
+    assert d.status.text().startswith("✓") and "MTP Chat server" in d.status.text()
+    assert d.key.echoMode() == d.key.EchoMode.Password  # masked
+    d.save_button.click()
+    qtbot.waitUntil(lambda: win.model.info is not None and is_remote(win.model.info.path))
+    host = mtp_server.url.split("//")[1]
+    assert win.picker.badge.text() == f"remote · {host} · MTP"
+    labels = [win.picker.combo.itemText(i) for i in range(win.picker.combo.count())]
+    assert f"{mtp_server.model} — {host} (remote)" in labels
+    saved = ConnectionStore().path
+    assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600  # the key is a secret
+    assert KEY not in repr(ConnectionStore().load())
+
+    greedy(win)
+    send(qtbot, win, "What does the os module do?", timeout=60000)
+    msg = last_reply(win)
+    assert msg.meta["status"] == "done", msg.meta
+    # the same request through the official client: the same greedy text, token for token
+    client = OpenAI(base_url=mtp_server.url + "/v1", api_key=KEY)
+    ref = client.chat.completions.create(
+        model=mtp_server.model, messages=[{"role": "user", "content": "What does the os module do?"}],
+        temperature=0, top_p=1, max_tokens=40, extra_body={"mtp": {"depth": 2},
+                                                     "chat_template_kwargs": {"enable_thinking": False}})
+    assert msg.content == ref.choices[0].message.content
+    stats = msg.meta["stats"]
+    assert stats["tokens"] == ref.usage.completion_tokens
+    assert stats["cycles"] == ref.model_extra["mtp"]["cycles"] > 0
+
+    dash = win.aux.show_dashboard()
+    summary = dash.record.last_summary
+    mtp = ref.model_extra["mtp"]
+    assert summary.drafted == mtp["drafted"] and summary.accepted == mtp["accepted"]
+    assert [round(p.rate, 2) for p in summary.positions] == \
+        [round(r, 2) for r in mtp["acceptance_by_position"]]
+    dash.refresh()
+    assert "(MTP Chat)" in dash.remote.text() and "tok/s" in dash.remote.text()
+    assert "acceptance" in dash.remote.text() or "no drafts" in dash.remote.text()
+
+
+def test_a_wrong_or_missing_key_is_one_line(qtbot, win, mtp_server):
+    d = connect(qtbot, win, mtp_server.url, "sk-wrong")
+    assert "refused the API key (401)" in d.status.text() and "\n" not in d.status.text()
+    assert not d.save_button.isEnabled()
+    d = connect(qtbot, win, mtp_server.url, "")
+    assert "needs an API key (401)" in d.status.text()
+
+
+def test_refused_and_not_openai_are_one_line(mtp_server):
+    from app.remote.connections import RemoteError
+
+    with pytest.raises(RemoteError, match="Connection refused by 127.0.0.1"):
+        probe(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(RemoteError, match="not an OpenAI-compatible server"):
+        probe(mtp_server.url + "/health/x", KEY)  # answers 404 for .../v1/models
+
+
+def test_plain_openai_server_gives_tok_s_only(qtbot, win):
+    server = PlainServer(words=12)
+    try:
+        d = connect(qtbot, win, server.url)
+        assert "OpenAI-compatible server" in d.status.text()
+        d.save_button.click()
+        qtbot.waitUntil(lambda: win.model.info is not None and is_remote(win.model.info.path))
+        assert "MTP" not in win.picker.badge.text()
+        send(qtbot, win, "hello", timeout=20000)
+        msg = last_reply(win)
+        assert msg.meta["status"] == "done"
+        assert msg.content == "".join(f"word{i} " for i in range(12))
+        dash = win.aux.show_dashboard()
+        s = dash.record.last_summary
+        assert s.tokens == 12 and s.cycles == 0 and s.tokens_per_s > 0
+        dash.refresh()
+        assert "MTP stats are not available for this server" in dash.remote.text()
+    finally:
+        server.kill()
+
+
+def test_server_killed_mid_reply_keeps_the_partial_text_and_retry_works(qtbot, win):
+    server = PlainServer(words=400, delay=0.05)
+    port = server.port
+    try:
+        connect(qtbot, win, server.url).save_button.click()
+        qtbot.waitUntil(lambda: win.model.info is not None and is_remote(win.model.info.path))
+        send(qtbot, win, "a long one", wait=False)
+        qtbot.waitUntil(lambda: "word3 " in (win.session.active_stream() or
+                                              type("S", (), {"content": ""})).content,
+                        timeout=20000)
+        server.kill()
+        qtbot.waitUntil(lambda: not win.session.streams, timeout=5000)
+        msg = last_reply(win)
+        assert msg.meta["status"] == "error"
+        assert msg.content.startswith("word0 word1 word2 word3 ")
+        assert "\n" not in msg.meta["error"] and "127.0.0.1" in msg.meta["error"]
+        server = PlainServer(port, words=5)
+        win.session.regenerate(win.current_conv, msg.id)
+        qtbot.waitUntil(lambda: not win.session.streams, timeout=20000)
+        assert last_reply(win).content == "word0 word1 word2 word3 word4 "
+    finally:
+        server.kill()
+
+
+def test_stop_closes_the_http_stream_at_once(qtbot, win):
+    server = PlainServer(words=400, delay=0.05)
+    try:
+        connect(qtbot, win, server.url).save_button.click()
+        qtbot.waitUntil(lambda: win.model.info is not None and is_remote(win.model.info.path))
+        send(qtbot, win, "go on", wait=False)
+        qtbot.waitUntil(lambda: win.session.active_stream() is not None
+                        and "word2" in win.session.active_stream().content, timeout=20000)
+        win.session.stop()
+        qtbot.waitUntil(lambda: not win.session.streams, timeout=5000)
+        qtbot.waitUntil(lambda: any(line.startswith("closed ") for line in server.lines),
+                        timeout=5000)
+        closed = int(next(x for x in server.lines if x.startswith("closed ")).split()[1])
+        assert closed < 400  # the server stopped sending: the client went away
+        assert last_reply(win).meta["status"] == "cancelled"
+    finally:
+        server.kill()
+
+
+def test_removed_connection_leaves_the_picker(qtbot, win):
+    server = PlainServer()
+    try:
+        connect(qtbot, win, server.url).save_button.click()
+        qtbot.waitUntil(lambda: win.model.info is not None and is_remote(win.model.info.path))
+        models = win.aux.show_models()
+        panel = models.servers_panel
+        panel.refresh()
+        assert panel.table.rowCount() == 1 and panel.table.item(0, 3).text() == "none"
+        panel.table.selectRow(0)
+        panel.remove_selected()
+        assert ConnectionStore().load() == []
+        labels = [win.picker.combo.itemText(i) for i in range(win.picker.combo.count())]
+        assert not any("(remote)" in t and "plain-model" in t for t in labels
+                       if t != win.picker.combo.currentText())
+    finally:
+        server.kill()
