@@ -85,6 +85,8 @@ class RemoteControl(QObject):
 
     def shutdown(self) -> None:
         self.source.shutdown()
+        if self.cluster is not None:
+            self.cluster.cancel()
 
 
 def install_remote(window) -> RemoteControl:

@@ -199,3 +199,63 @@ def test_removed_connection_leaves_the_picker(qtbot, win):
                        if t != win.picker.combo.currentText())
     finally:
         server.kill()
+
+
+def test_cluster_dialog_writes_a_hostfile_the_launcher_accepts(qtbot, tmp_path):
+    from app.remote.cluster_dialog import ClusterDialog
+    from engine.distributed.launch import launch_command, read_hostfile
+
+    d = ClusterDialog(hostfile=tmp_path / "hosts.json")
+    qtbot.addWidget(d)
+    d.set_hosts([("mac1", "10.0.0.1"), ("mac2", "10.0.0.2")])
+    d.pipeline.setChecked(True)
+    d.key.setText("sk-cluster")
+    assert d.write()
+    hosts, backend = read_hostfile(tmp_path / "hosts.json")
+    assert backend == "ring" and [h["ssh"] for h in hosts] == ["mac1", "mac2"]
+    assert hosts[1]["ips"] == ["10.0.0.2"]
+    cmd = launch_command(["serve"], str(tmp_path / "hosts.json"), backend=None)
+    assert "--hostfile" in cmd and "ring" in cmd
+    shown = d.command.toPlainText()
+    assert "--hostfile" in shown and "--pipeline" in shown and "sk-cluster" not in shown
+    assert d.plan().command(d.written)[-1] == "sk-cluster"  # the copied command has the key
+    assert not d.start_button.isEnabled()  # rank 0 is another machine: run it there
+
+    before = (tmp_path / "hosts.json").read_text()
+    d.set_hosts([("mac1", "10.0.0.1"), ("mac2", "not-an-ip")])
+    assert not d.write()
+    assert d.status.text().startswith("✗") and "'not-an-ip' is not an IP address" in \
+        d.status.text() and "\n" not in d.status.text()
+    assert (tmp_path / "hosts.json").read_text() == before  # refused: nothing written
+    d.set_hosts([("mac1", "10.0.0.1")])
+    assert not d.write() and "a cluster needs at least two" in d.status.text()
+    d.set_hosts([("mac1", "10.0.0.1"), ("mac2", "")])
+    assert not d.write() and "needs an IP address for every host" in d.status.text()
+    assert json.loads(before)["backend"] == "ring"
+
+
+def test_cluster_dialog_starts_and_stops_a_process_group(qtbot, tmp_path):
+    """Start over SSH runs the command here with its output live; Stop ends it. (The command
+    is swapped for one that prints what ``engine serve`` prints: a real 2-rank cluster takes
+    minutes to start on the test machine.)"""
+    import sys
+
+    from app.remote.cluster_dialog import ClusterDialog, ProcessOutput
+
+    d = ClusterDialog(hostfile=tmp_path / "hosts.json")
+    qtbot.addWidget(d)
+    d.set_hosts([("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")])
+    assert d.write() and d.plan().runs_here()
+    ready = []
+    d.server_ready.connect(ready.append)
+    script = ("import time; print('Serving demo on http://0.0.0.0:9999 (OpenAI: ...)', "
+              "flush=True); time.sleep(60)")
+    d.running = ProcessOutput([sys.executable, "-c", script])
+    d.running.line.connect(d.on_line)
+    d.running.ended.connect(d.on_ended)
+    qtbot.waitUntil(lambda: bool(ready), timeout=10000)
+    assert ready == ["http://127.0.0.1:9999"]
+    assert "Serving demo" in d.output.toPlainText()
+    d.cancel()
+    qtbot.waitUntil(lambda: d.running is None, timeout=10000)
+    assert d.status.text() == "The cluster stopped."
