@@ -331,7 +331,7 @@ class MainWindow(QMainWindow):
 
     def _initial_model(self) -> str:
         last = self.conversations.last_model()
-        if last and Path(last).exists():
+        if last and (self.remote.knows(last) if is_remote(last) else Path(last).exists()):
             return last
         return str(default_model_path())
 

@@ -30,6 +30,12 @@ class RemoteControl(QObject):
         self.dialog: ConnectDialog | None = None
         self.cluster = None
 
+    def knows(self, path: str) -> bool:
+        """Whether a saved connection serves the model of ``path`` (a ``remote_path``)."""
+        base, model = parse_remote_path(path)
+        conn = self.store.find(base)
+        return conn is not None and model in conn.models
+
     def use(self, path: str) -> None:
         """Chat with the served model ``path`` (a ``remote_path``)."""
         base, model = parse_remote_path(path)

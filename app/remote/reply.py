@@ -123,17 +123,23 @@ def calls_text(st: ReplyState) -> str:
 
 
 def summary_from_mtp(m: dict, finish: str) -> ReplySummary:
-    """An MTP Chat server's ``mtp`` stats as the ``ReplySummary`` the app shows. The totals
-    (cycles, drafted, accepted, tok/s, time to first token) are the server's; by position it
-    sends rates, not counts, so each position is given the reply's cycles as its drafts and
-    the accepted drafts its rate implies (the rates shown are the server's, to 1/cycles)."""
+    """An MTP Chat server's ``mtp`` stats as the ``ReplySummary`` the app shows: every figure
+    is the server's. By position it sends the counts (``drafted_by_position`` ...); a server
+    that sends only the rates gets positions of 10 000 drafts each with the accepted drafts
+    its rate implies, so the rates shown are still the server's (to 1e-4)."""
     tokens = int(m.get("completion_tokens") or 0)
     decode = max(0, tokens - 1)
     tps = float(m.get("tokens_per_s") or 0.0)
     cycles, drafted = int(m.get("cycles") or 0), int(m.get("drafted") or 0)
     rates = [r for r in m.get("acceptance_by_position") or [] if r is not None]
-    positions = tuple(PositionCounts(i, cycles, cycles, round(rate * cycles))
-                      for i, rate in enumerate(rates, 1))
+    counts = [m.get(k) for k in ("drafted_by_position", "reached_by_position",
+                                 "accepted_by_position")]
+    if all(isinstance(c, list) and len(c) == len(rates) for c in counts):
+        positions = tuple(PositionCounts(i, int(d), int(r), int(a))
+                          for i, (d, r, a) in enumerate(zip(*counts), 1))
+    else:
+        positions = tuple(PositionCounts(i, 10_000, 10_000, round(rate * 10_000))
+                          for i, rate in enumerate(rates, 1))
     return ReplySummary(
         tokens=tokens, prompt_tokens=int(m.get("prompt_tokens") or 0),
         reused_tokens=int(m.get("reused_prompt_tokens") or 0),

@@ -67,15 +67,30 @@ class RemoteSource(QObject):
             self.cancel(rid)
 
     def shutdown(self) -> None:
-        """Cancel every reply and end the loop's thread."""
+        """Cancel every reply, close the HTTP client and end the loop and its thread."""
         loop, thread = self._loop, self._thread
         if loop is None:
             return
         self.cancel_all()
+        try:
+            asyncio.run_coroutine_threadsafe(self._close_client(), loop).result(5)
+        except Exception as exc:  # noqa: BLE001 - quitting goes on
+            log.warning("closing the remote client: %s", exc)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(5)
+        if not loop.is_running():
+            loop.close()
         self._loop = self._thread = None
+
+    async def _close_client(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     # -- the loop's thread ---------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:

@@ -1,7 +1,8 @@
 """A small OpenAI-compatible server that is not MTP Chat, for the remote-model tests: a real
 process (``python -m tests.app.fake_openai --port N``) on 127.0.0.1 serving one model whose
 streamed replies are ``word0 word1 …`` (``--words`` of them, ``--delay`` seconds apart), with
-usage but no ``mtp`` stats. It prints ``ready`` once it listens and ``closed N`` when a client
+usage but no ``mtp`` stats; ``--think`` sends ``reasoning_content`` first, and a request with
+``tools`` gets one streamed call of the first tool. It prints ``ready`` once it listens and ``closed N`` when a client
 closed a reply's stream after N words."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from starlette.routing import Route
 MODEL = "plain-model"
 
 
-def build(words: int, delay: float) -> Starlette:
+def build(words: int, delay: float, think: bool = False) -> Starlette:
     async def models(_request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [
             {"id": MODEL, "object": "model", "created": 0, "owned_by": "someone"}]})
@@ -38,6 +39,19 @@ def build(words: int, delay: float) -> Starlette:
             sent = 0
             try:
                 yield chunk({"role": "assistant", "content": ""})
+                if body.get("tools"):  # one call of the first tool, its arguments in two parts
+                    name = body["tools"][0]["function"]["name"]
+                    yield chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                 "function": {"name": name, "arguments": ""}}]})
+                    for part in ('{"path": ', '"notes.md"}'):
+                        yield chunk({"tool_calls": [{"index": 0,
+                                                     "function": {"arguments": part}}]})
+                    yield chunk({}, "tool_calls")
+                    yield "data: [DONE]\n\n"
+                    return
+                if think:
+                    for part in ("Let me ", "think."):
+                        yield chunk({"reasoning_content": part})
                 for i in range(min(words, int(body.get("max_tokens") or words))):
                     await asyncio.sleep(delay)
                     yield chunk({"content": f"word{i} "})
@@ -63,8 +77,9 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--words", type=int, default=20)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--think", action="store_true", help="reasoning_content before the words")
     a = p.parse_args()
-    config = uvicorn.Config(build(a.words, a.delay), host="127.0.0.1", port=a.port,
+    config = uvicorn.Config(build(a.words, a.delay, a.think), host="127.0.0.1", port=a.port,
                             log_level="warning")
     server = uvicorn.Server(config)
 

@@ -22,14 +22,16 @@ def free_port() -> int:
 class PlainServer:
     """``python -m tests.app.fake_openai``; ``lines`` is what it printed."""
 
-    def __init__(self, port: int | None = None, *, words: int = 20, delay: float = 0.0) -> None:
+    def __init__(self, port: int | None = None, *, words: int = 20, delay: float = 0.0,
+                 think: bool = False) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.app.fake_openai", "--port", str(self.port),
-             "--words", str(words), "--delay", str(delay)], cwd=ROOT, env=env,
+             "--words", str(words), "--delay", str(delay), *(["--think"] if think else [])],
+            cwd=ROOT, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.reader = threading.Thread(target=lambda: self.lines.extend(
             line.strip() for line in self.proc.stdout), daemon=True)

@@ -94,11 +94,23 @@ def test_mtp_server_reply_streams_into_the_chat_and_feeds_the_dashboard(qtbot, w
     summary = dash.record.last_summary
     mtp = ref.model_extra["mtp"]
     assert summary.drafted == mtp["drafted"] and summary.accepted == mtp["accepted"]
-    assert [round(p.rate, 2) for p in summary.positions] == \
-        [round(r, 2) for r in mtp["acceptance_by_position"]]
+    assert [(p.drafted, p.reached, p.accepted) for p in summary.positions] == list(zip(
+        mtp["drafted_by_position"], mtp["reached_by_position"], mtp["accepted_by_position"]))
+    assert [round(p.rate, 4) for p in summary.positions] == mtp["acceptance_by_position"]
     dash.refresh()
     assert "(MTP Chat)" in dash.remote.text() and "tok/s" in dash.remote.text()
     assert "acceptance" in dash.remote.text() or "no drafts" in dash.remote.text()
+
+
+def test_rates_alone_still_give_the_servers_rates():
+    """A server that sends the rates but not the counts (an older MTP Chat)."""
+    from app.remote.reply import summary_from_mtp
+
+    s = summary_from_mtp({"completion_tokens": 10, "tokens_per_s": 20.0, "cycles": 4,
+                          "drafted": 8, "accepted": 5, "acceptance_by_position": [0.875, 0.3333],
+                          "ttft_s": 0.1}, "stop")
+    assert [p.rate for p in s.positions] == [0.875, 0.3333]
+    assert s.draft_acceptance == 5 / 8 and s.decode_s == 9 / 20.0 and s.tokens_per_cycle == 9 / 4
 
 
 def test_a_wrong_or_missing_key_is_one_line(qtbot, win, mtp_server):
@@ -259,3 +271,73 @@ def test_cluster_dialog_starts_and_stops_a_process_group(qtbot, tmp_path):
     d.cancel()
     qtbot.waitUntil(lambda: d.running is None, timeout=10000)
     assert d.status.text() == "The cluster stopped."
+
+
+def test_reasoning_and_tool_calls_arrive_as_the_chat_writes_them(qtbot):
+    """``reasoning_content`` becomes the chat's think block; streamed ``tool_calls`` become
+    the ``<tool_call>`` blocks the tool loop parses (``engine.server.toolcalls``)."""
+    from app.remote.source import RemoteSource
+    from app.worker import GenerationRequest
+    from engine.server.toolcalls import parse_tool_calls
+
+    server = PlainServer(words=3, think=True)
+    source = RemoteSource()
+    try:
+        conn = probe(server.url)
+        source.use(conn, conn.models[0])
+        got: dict[int, list] = {1: [], 2: []}
+        ended: dict[int, tuple] = {}
+        source.delta.connect(lambda rid, text, _ids, _f: got[rid].append(text))
+        source.finished.connect(lambda rid, reason, s: ended.__setitem__(rid, (reason, s)))
+        source.submit(GenerationRequest(1, ({"role": "user", "content": "hi"},)))
+        tool = {"type": "function", "function": {"name": "read_file", "parameters": {
+            "type": "object", "properties": {"path": {"type": "string"}}}}}
+        history = ({"role": "user", "content": "read it"},
+                   {"role": "assistant", "content": "", "reasoning_content": "x",
+                    "tool_calls": [{"id": "c0", "type": "function", "function": {
+                        "name": "read_file", "arguments": {"path": "a"}}}]},
+                   {"role": "tool", "content": "text", "tool_call_id": "c0", "name": "read_file"})
+        source.submit(GenerationRequest(2, history, tools=(tool,)))
+        qtbot.waitUntil(lambda: len(ended) == 2, timeout=15000)
+        assert "".join(got[1]) == "<think>\nLet me think.\n</think>\n\nword0 word1 word2 "
+        _, calls = parse_tool_calls("".join(got[2]), {"read_file": tool["function"]["parameters"]})
+        assert [(c.name, c.arguments) for c in calls] == [("read_file", {"path": "notes.md"})]
+        assert ended[2][0] == "stop"
+    finally:
+        source.shutdown()
+        server.kill()
+
+
+def test_cluster_ready_opens_a_tested_connection(qtbot, win):
+    server = PlainServer()
+    try:
+        cluster = win.remote.open_cluster()
+        cluster.server_ready.emit(server.url)  # what the dialog says once the cluster answers
+        d = win.remote.dialog
+        qtbot.waitUntil(lambda: d.save_button.isEnabled(), timeout=15000)
+        assert d.url.text() == server.url and "plain-model" in d.status.text() or \
+            d.models.item(0).text() == "plain-model"
+        cluster.close()
+    finally:
+        server.kill()
+
+
+def test_the_remote_model_is_chosen_again_at_the_next_start(qtbot, tmp_path, monkeypatch):
+    from app.chat.main_window import MainWindow
+    from app.fake.engine import make_fake_loader
+
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
+    server = PlainServer()
+    try:
+        w = make_window(qtbot, tmp_path, FakeModel(tokens_per_second=20000))
+        connect(qtbot, w, server.url).save_button.click()
+        qtbot.waitUntil(lambda: w.model.info is not None and is_remote(w.model.info.path))
+        path = w.model.info.path
+        w.close()
+        again = MainWindow(loader=make_fake_loader(FakeModel()), db_file=tmp_path / "chats.db")
+        qtbot.addWidget(again)
+        qtbot.waitUntil(lambda: again.model.info is not None)
+        assert again.model.info.path == path
+        again.close()
+    finally:
+        server.kill()
