@@ -61,6 +61,9 @@ class LoadedModel(QObject):
 
     @Slot(object)
     def on_loaded(self, info: ModelInfo) -> None:
+        if self.loading_path is None and self.info is not None and self.info.layout == "remote":
+            log.info("%s loaded in the worker; the chat keeps the served model", info.name)
+            return  # a served model was chosen while this one loaded (or a tune loaded it)
         self.loading_path, self.progress_text, self.error = None, "", ""
         self.info = info
         try:  # the model manager's "Last used" column

@@ -125,7 +125,11 @@ class ChatSession(QObject):
 
     Tools (``app.tools.loop``): ``tools_for(conv_id)`` is the chat template's tool list for a
     reply (none by default); ``tool_holds`` are conversations whose reply waits on a tool
-    call (busy meanwhile); ``continue_reply(conv_id)`` starts the next step."""
+    call (busy meanwhile); ``continue_reply(conv_id)`` starts the next step.
+
+    Reply sources: the worker, plus any added with ``add_source`` (``app.remote.source``: a
+    model served elsewhere); ``source_for(info)`` picks the one a reply goes to, Stop cancels
+    on all of them."""
 
     storage_failed = Signal(str)
     storage_recovered = Signal()

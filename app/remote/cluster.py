@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.distributed.launch import read_hostfile
+from engine.distributed.launch import DEFAULT_PORT, read_hostfile
 from engine.errors import ClusterError
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
@@ -29,6 +29,7 @@ class ClusterPlan:
     model: str = ""
     port: int = 8080
     api_key: str = field(default="", repr=False)
+    cluster_port: int = DEFAULT_PORT  # ring: the first port the ranks listen on
 
     def hostfile(self) -> dict:
         """mlx.launch's format: ``{"backend", "hosts": [{"ssh", "ips"}]}``."""
@@ -61,6 +62,8 @@ class ClusterPlan:
         cmd = [sys.executable, "-m", "engine", "serve", "--hostfile", str(hostfile),
                "--backend", self.backend, f"--{self.split}", "--model", self.model.strip(),
                "--port", str(self.port)]
+        if self.backend == "ring" and self.cluster_port != DEFAULT_PORT:
+            cmd += ["--cluster-port", str(self.cluster_port)]
         if self.api_key:  # reachable from other machines only with a key
             cmd += ["--host", "0.0.0.0", "--api-key", self.api_key]
         return cmd

@@ -23,8 +23,12 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QDialog, QFileDialog, QF
                                QVBoxLayout, QWidget)
 
 from app.remote.cluster import ClusterPlan, default_hostfile
+from engine.distributed.launch import DEFAULT_PORT
 from engine.errors import ClusterError
 from engine.resources import default_model_path
+
+
+KILL_AFTER_S = 15.0
 
 
 class ProcessOutput(QObject):
@@ -49,10 +53,14 @@ class ProcessOutput(QObject):
     def cancel(self) -> None:
         """End the launcher, mlx.launch and every rank it started here (one group)."""
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            self._signal(signal.SIGTERM)  # the ranks drain; a rank that hangs is killed
+            threading.Timer(KILL_AFTER_S, self._signal, (signal.SIGKILL,)).start()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class ClusterDialog(QDialog):
@@ -140,6 +148,11 @@ class ClusterDialog(QDialog):
         self.port.setRange(1, 65535)
         self.port.setValue(8080)
         form.addRow("Server port", self.port)
+        self.ring_port = QSpinBox()
+        self.ring_port.setRange(1024, 65535)
+        self.ring_port.setValue(DEFAULT_PORT)
+        self.ring_port.setToolTip("ring backend: the first of the ports the hosts talk on")
+        form.addRow("Ring port", self.ring_port)
         self.key = QLineEdit()
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.key.setPlaceholderText("optional: needed to reach the server from other machines")
@@ -187,7 +200,8 @@ class ClusterDialog(QDialog):
                      if cell(i, 0).strip() or cell(i, 1).strip())
         return ClusterPlan(rows, self.backend.currentText(),
                            "pipeline" if self.pipeline.isChecked() else "tensor",
-                           self.model.text(), self.port.value(), self.key.text().strip())
+                           self.model.text(), self.port.value(), self.key.text().strip(),
+                           self.ring_port.value())
 
     def pick_model(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "The model folder", self.model.text())

@@ -121,8 +121,14 @@ def test_a_wrong_or_missing_key_is_one_line(qtbot, win, mtp_server):
     assert "needs an API key (401)" in d.status.text()
 
 
-def test_refused_and_not_openai_are_one_line(mtp_server):
+def test_refused_and_not_openai_are_one_line(mtp_server, caplog):
+    import logging
+
     from app.remote.connections import RemoteError
+
+    with caplog.at_level(logging.DEBUG):
+        assert probe(mtp_server.url, KEY).kind == "mtp"
+    assert KEY not in caplog.text  # never logged, even at debug level
 
     with pytest.raises(RemoteError, match="Connection refused by 127.0.0.1"):
         probe(f"http://127.0.0.1:{free_port()}")
