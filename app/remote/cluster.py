@@ -19,6 +19,7 @@ from engine.distributed.launch import DEFAULT_PORT, read_hostfile
 from engine.errors import ClusterError
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
+STEP_TIMEOUT_S = 8.0  # ``engine serve``'s default
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class ClusterPlan:
     port: int = 8080
     api_key: str = field(default="", repr=False)
     cluster_port: int = DEFAULT_PORT  # ring: the first port the ranks listen on
+    step_timeout: float = STEP_TIMEOUT_S  # how long a step waits for the other hosts
 
     def hostfile(self) -> dict:
         """mlx.launch's format: ``{"backend", "hosts": [{"ssh", "ips"}]}``."""
@@ -64,6 +66,8 @@ class ClusterPlan:
                "--port", str(self.port)]
         if self.backend == "ring" and self.cluster_port != DEFAULT_PORT:
             cmd += ["--cluster-port", str(self.cluster_port)]
+        if self.step_timeout != STEP_TIMEOUT_S:
+            cmd += ["--step-timeout", f"{self.step_timeout:g}"]
         if self.api_key:  # reachable from other machines only with a key
             cmd += ["--host", "0.0.0.0", "--api-key", self.api_key]
         return cmd

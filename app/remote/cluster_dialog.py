@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QDialog, QFileDialog, QF
                                QRadioButton, QSpinBox, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
-from app.remote.cluster import ClusterPlan, default_hostfile
+from app.remote.cluster import STEP_TIMEOUT_S, ClusterPlan, default_hostfile
 from engine.distributed.launch import DEFAULT_PORT
 from engine.errors import ClusterError
 from engine.resources import default_model_path
@@ -153,6 +153,13 @@ class ClusterDialog(QDialog):
         self.ring_port.setValue(DEFAULT_PORT)
         self.ring_port.setToolTip("ring backend: the first of the ports the hosts talk on")
         form.addRow("Ring port", self.ring_port)
+        self.step_timeout = QSpinBox()
+        self.step_timeout.setRange(1, 3600)
+        self.step_timeout.setValue(int(STEP_TIMEOUT_S))
+        self.step_timeout.setSuffix(" s")
+        self.step_timeout.setToolTip("how long a step waits for the other hosts before the "
+                                     "cluster is declared gone (raise it on slow links)")
+        form.addRow("Step timeout", self.step_timeout)
         self.key = QLineEdit()
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.key.setPlaceholderText("optional: needed to reach the server from other machines")
@@ -201,7 +208,7 @@ class ClusterDialog(QDialog):
         return ClusterPlan(rows, self.backend.currentText(),
                            "pipeline" if self.pipeline.isChecked() else "tensor",
                            self.model.text(), self.port.value(), self.key.text().strip(),
-                           self.ring_port.value())
+                           self.ring_port.value(), float(self.step_timeout.value()))
 
     def pick_model(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "The model folder", self.model.text())

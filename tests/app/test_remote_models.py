@@ -134,6 +134,20 @@ def test_refused_and_not_openai_are_one_line(mtp_server, caplog):
         probe(f"http://127.0.0.1:{free_port()}")
     with pytest.raises(RemoteError, match="not an OpenAI-compatible server"):
         probe(mtp_server.url + "/health/x", KEY)  # answers 404 for .../v1/models
+    with pytest.raises(RemoteError, match="^TLS error talking to 127.0.0.1"):
+        probe(mtp_server.url.replace("http://", "https://"), KEY)  # https to a plain http port
+
+
+def test_a_server_that_never_answers_is_a_timeout():
+    import socket
+
+    from app.remote.connections import RemoteError
+
+    with socket.socket() as s:  # listens (connections queue) but never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(4)
+        with pytest.raises(RemoteError, match=r"No answer from 127.0.0.1:\d+ within 1 s \(timeout\)"):
+            probe(f"http://127.0.0.1:{s.getsockname()[1]}", timeout=1.0)
 
 
 def test_plain_openai_server_gives_tok_s_only(qtbot, win):
