@@ -165,10 +165,12 @@ def measured_summary(st: ReplyState, finish: str, t_end: float) -> ReplySummary:
 
 
 async def stream_reply(client: httpx.AsyncClient, conn: Connection, model: str, req,
-                       on_text: Callable[[str], None]) -> ReplySummary:
+                       on_text: Callable[[str], None],
+                       st: ReplyState | None = None) -> ReplySummary:
     """Stream one reply: ``on_text`` for each piece of text; the summary at the end, or a
-    ``RemoteError``-style one-line ``ReplyFailed``."""
-    st = ReplyState()
+    ``RemoteError``-style one-line ``ReplyFailed``. ``st`` (the caller's, to read after a
+    cancel) records what streamed."""
+    st = st if st is not None else ReplyState()
     url = f"{conn.base_url}/chat/completions"
     try:
         async with client.stream("POST", url, json=request_body(model, req, conn),

@@ -108,14 +108,12 @@ class RemoteSource(QObject):
         if self._client is None:
             self._client = new_client()
         state = ReplyState()
-        t0 = time.perf_counter()
         try:
             summary = await stream_reply(
                 self._client, conn, model, req,
-                lambda text: self.delta.emit(rid, text, [0], []))
+                lambda text: self.delta.emit(rid, text, [0], []), state)
             self.finished.emit(rid, summary.finish_reason or "stop", summary)
-        except asyncio.CancelledError:
-            state.t_start = t0
+        except asyncio.CancelledError:  # Stop: the figures of what streamed until then
             self.finished.emit(rid, "cancelled",
                                measured_summary(state, "cancelled", time.perf_counter()))
         except ReplyFailed as exc:

@@ -209,7 +209,9 @@ def test_stop_closes_the_http_stream_at_once(qtbot, win):
                         timeout=5000)
         closed = int(next(x for x in server.lines if x.startswith("closed ")).split()[1])
         assert closed < 400  # the server stopped sending: the client went away
-        assert last_reply(win).meta["status"] == "cancelled"
+        msg = last_reply(win)
+        assert msg.meta["status"] == "cancelled" and msg.content.startswith("word0 word1 word2 ")
+        assert msg.meta["stats"]["tokens"] >= 3  # what streamed until Stop
     finally:
         server.kill()
 
