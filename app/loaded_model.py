@@ -61,12 +61,22 @@ class LoadedModel(QObject):
 
     @Slot(object)
     def on_loaded(self, info: ModelInfo) -> None:
+        if self.loading_path is None and self.info is not None and self.info.layout == "remote":
+            log.info("%s loaded in the worker; the chat keeps the served model", info.name)
+            return  # a served model was chosen while this one loaded (or a tune loaded it)
         self.loading_path, self.progress_text, self.error = None, "", ""
         self.info = info
         try:  # the model manager's "Last used" column
             mark_used(info.path)
         except (OSError, ValueError) as exc:  # a read-only data folder: only the column is stale
             log.warning("cannot record that %s was used: %s", info.path, exc)
+        self.changed.emit(info)
+        self.status_changed.emit()
+
+    def set_remote(self, info: ModelInfo) -> None:
+        """A model served elsewhere (``app.remote``): nothing to load here."""
+        self.loading_path, self.progress_text, self.error = None, "", ""
+        self.info = info
         self.changed.emit(info)
         self.status_changed.emit()
 

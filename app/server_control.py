@@ -227,8 +227,9 @@ class ServerControl(QObject):
 
     @Slot(object)
     def on_model_changed(self, info) -> None:
-        """Serve the newly loaded model (same port, no restart)."""
-        if info is None:
+        """Serve the newly loaded model (same port, no restart). A model served elsewhere
+        is not this server's: it keeps serving the worker's model."""
+        if info is None or info.layout == "remote":
             return
         if self.server is not None:
             self.server.backend.info = info

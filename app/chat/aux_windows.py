@@ -51,6 +51,7 @@ class AuxWindows(QObject):
         self._store = store
         self.dashboard: DashboardWindow | None = None
         self.models: ModelsWindow | None = None
+        self.on_models_window: Callable[[ModelsWindow], None] | None = None  # made: wire it
         # the session's figures from the start, for a dashboard opened late
         self.record = SessionRecord()
         self.tuning: tuple[int, int, str] | None = None  # a tune running: its last progress
@@ -92,6 +93,8 @@ class AuxWindows(QObject):
             self.models.load_requested.connect(self._on_load)
             self.models.tune_requested.connect(self.start_tune)
             self.models.set_loaded_model(self._model.info)
+            if self.on_models_window is not None:
+                self.on_models_window(self.models)
             fit_to_screen(self.models, (self.models.width(), self.models.height()))
             self._restore(self.models, "models")
             add_close_keys(self.models)

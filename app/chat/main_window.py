@@ -55,6 +55,8 @@ from app.chat.sidebar import Sidebar
 from app.chat.theme import apply_app_style, apply_theme
 from app.db import open_chat_store
 from app.loaded_model import LoadedModel
+from app.remote.connections import is_remote
+from app.remote.install import install_remote
 from app.paths import db_path, default_model_path
 from app.server_control import ServerControl
 from app.server_control import install as install_server
@@ -143,6 +145,8 @@ class MainWindow(QMainWindow):
         self.server = ServerControl(self.worker, self.model, self.store, self)
         install_server(self, self.server)
         self.tools = install_tools(self)
+        self.remote = install_remote(self)  # models served elsewhere
+        self.aux.on_models_window = self.remote.wire_models_window
         self._help_menu_last()
         fit_to_screen(self, DEFAULT_SIZE)
         restore_geometry(self.store, "main", self)
@@ -326,13 +330,16 @@ class MainWindow(QMainWindow):
 
     def _initial_model(self) -> str:
         last = self.conversations.last_model()
-        if last and Path(last).exists():
+        if last and (self.remote.knows(last) if is_remote(last) else Path(last).exists()):
             return last
         return str(default_model_path())
 
     # -- models ------------------------------------------------------------------------------
     def load_model(self, path: str) -> None:
         path = str(path)
+        if is_remote(path):
+            self.remote.use(path)
+            return
         if not Path(path).exists():
             demo = Path(path) == default_model_path()
             msg = (f"The embedded demo model is missing ({path}). Build it with "
@@ -485,6 +492,7 @@ class MainWindow(QMainWindow):
         self.tools.shutdown()
         self.session.shutdown()
         self.server.shutdown()
+        self.remote.shutdown()
         self.worker_thread.shutdown()
         save_geometry(self.store, "main", self)
         self.aux.close_all()

@@ -2,13 +2,16 @@
 
 Lists what the model store says can be loaded (the embedded demo model first, then installed
 models of the user's chosen store folder; never a download in progress or a folder that fails
-validation) and the current model; "Open model folder…" picks any folder.
-Signal: ``load_requested(str path)``.
+validation), the models of saved server connections ("remote", with their host: paths made by
+``app.remote.connections.remote_path``) and the current model; "Open model folder…" picks any
+folder, "Connect to a server…" asks for one.
+Signals: ``load_requested(str path)``, ``connect_requested()``.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -24,11 +27,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.remote.connections import ConnectionStore, is_remote, parse_remote_path, remote_path
 from engine.hub.store import Store
 from engine.paths import store_root
 
 log = logging.getLogger(__name__)
 _OPEN = "__open__"
+_CONNECT = "__connect__"
 
 
 def loadable_models() -> list[tuple[str, str]]:
@@ -44,9 +49,22 @@ def loadable_models() -> list[tuple[str, str]]:
     return [(f"Demo model ({r.name})" if r.status == "builtin" else r.name, r.path) for r in rows]
 
 
+def remote_models() -> list[tuple[str, str]]:
+    """(label, path) of every model of the saved server connections."""
+    try:
+        conns = ConnectionStore().load()
+    except OSError as exc:  # no config folder: local models still work
+        log.warning("cannot list the saved servers: %s", exc)
+        return []
+    return [(f"{m} — {c.host} (remote)", remote_path(c, m)) for c in conns for m in c.models]
+
+
 def describe_capability(info) -> str:
     if info is None:
         return ""
+    if is_remote(info.path):
+        host = urlsplit(parse_remote_path(info.path)[0]).netloc
+        return f"remote · {host}" + (" · MTP" if info.has_mtp else "")
     if not info.has_mtp:
         return "no MTP"
     return f"MTP · ≤{info.max_depth} drafts"
@@ -81,6 +99,7 @@ class FittingCombo(QComboBox):
 
 class ModelPicker(QWidget):
     load_requested = Signal(str)
+    connect_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -118,11 +137,14 @@ class ModelPicker(QWidget):
     def refresh(self) -> None:
         self.combo.blockSignals(True)
         self.combo.clear()
-        for label, path in loadable_models():
+        for label, path in loadable_models() + remote_models():
             self.combo.addItem(label, path)
         if self.current_path and self.combo.findData(self.current_path) < 0:
-            self.combo.addItem(Path(self.current_path).name, self.current_path)
+            name = (parse_remote_path(self.current_path)[1] if is_remote(self.current_path)
+                    else Path(self.current_path).name)
+            self.combo.addItem(name, self.current_path)
         self.combo.addItem("Open model folder…", _OPEN)
+        self.combo.addItem("Connect to a server…", _CONNECT)
         if self.current_path:
             self.combo.setCurrentIndex(max(0, self.combo.findData(self.current_path)))
         self.combo.blockSignals(False)
@@ -139,6 +161,10 @@ class ModelPicker(QWidget):
 
     def _on_activated(self, index: int) -> None:
         path = self.combo.itemData(index)
+        if path == _CONNECT:
+            self.refresh()
+            self.connect_requested.emit()
+            return
         if path == _OPEN:
             path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(store_root()))
             if not path:
@@ -162,8 +188,10 @@ class ModelPicker(QWidget):
         self.refresh()
         self.progress.hide()
         self.badge.setText(describe_capability(info))
-        self.badge.setToolTip("Drafts tokens with its multi-token-prediction heads"
-                              if info.has_mtp else "No MTP heads: plain decoding only")
+        self.badge.setToolTip(
+            "Served by another machine" if is_remote(info.path) else
+            "Drafts tokens with its multi-token-prediction heads" if info.has_mtp else
+            "No MTP heads: plain decoding only")
         self.badge.show()
         # the name is the picker's own entry (and its tooltip): no second label beside it
         self.status.setText(info.name)

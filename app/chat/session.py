@@ -126,7 +126,11 @@ class ChatSession(QObject):
 
     Tools (``app.tools.loop``): ``tools_for(conv_id)`` is the chat template's tool list for a
     reply (none by default); ``tool_holds`` are conversations whose reply waits on a tool
-    call (busy meanwhile); ``continue_reply(conv_id)`` starts the next step."""
+    call (busy meanwhile); ``continue_reply(conv_id)`` starts the next step.
+
+    Reply sources: the worker, plus any added with ``add_source`` (``app.remote.source``: a
+    model served elsewhere); ``source_for(info)`` picks the one a reply goes to, Stop cancels
+    on all of them."""
 
     storage_failed = Signal(str)
     storage_recovered = Signal()
@@ -156,10 +160,19 @@ class ChatSession(QObject):
         self._retry = QTimer(self)
         self._retry.setInterval(RETRY_MS)
         self._retry.timeout.connect(self.retry_saves)
-        worker.delta.connect(self.on_delta)
-        worker.stats.connect(self.on_stats)
-        worker.finished.connect(self.on_finished)
-        worker.failed.connect(self.on_failed)
+        self.sources: list = []
+        # where a reply to a model goes: the worker, or another source (a remote server)
+        self.source_for: Callable[[object], object] = lambda info: self.worker
+        self.add_source(worker)
+
+    def add_source(self, source) -> None:
+        """Follow a reply source with the worker's interface (``submit``, ``cancel`` and the
+        ``delta``/``stats``/``finished``/``failed`` signals): ``app.remote.source``."""
+        self.sources.append(source)
+        source.delta.connect(self.on_delta)
+        source.stats.connect(self.on_stats)
+        source.finished.connect(self.on_finished)
+        source.failed.connect(self.on_failed)
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -244,7 +257,8 @@ class ChatSession(QObject):
         for s in self.streams.values():
             if not s.stop_requested:
                 s.stop_requested = True
-                self.worker.cancel(s.request_id)
+                for source in self.sources:  # (an id unknown to a source is ignored)
+                    source.cancel(s.request_id)
         self.busy_changed.emit(self.busy)
 
     def history(self, conv_id: int, settings: ChatSettings, *, extra: tuple = ()) -> list[dict]:
@@ -285,7 +299,7 @@ class ChatSession(QObject):
             request_id=rid, messages=tuple(messages), max_tokens=settings.max_tokens,
             depth=settings.depth_for(info), sampling=settings.sampling(),
             enable_thinking=thinking, tools=tuple(self.tools_for(conv_id)))
-        self.worker.submit(req)
+        self.source_for(info).submit(req)
         self._timer.start()
         self.messages_changed.emit(conv_id)
         self.conversations_changed.emit()

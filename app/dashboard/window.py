@@ -45,6 +45,7 @@ from app.dashboard.charts import (
 )
 from app.dashboard.engine_line import EngineLine
 from app.dashboard.recorder import SessionRecord
+from app.dashboard.remote_line import RemoteLine, show_remote
 from app.dashboard.tuner_view import show_tuning
 from app.dashboard.verify_control import VerifyControl
 from app.elided_label import ElidedLabel
@@ -299,6 +300,8 @@ class DashboardWindow(QWidget):
         lay.addLayout(grid)
         self.context = Meter("Context")
         lay.addWidget(self.context)
+        self.remote = RemoteLine()  # a model served elsewhere: its server's figures
+        lay.addWidget(self.remote)
         return card
 
     def _memory_card(self) -> QFrame:
@@ -455,6 +458,7 @@ class DashboardWindow(QWidget):
         self._show_acceptance(s)
         self._show_cycle(s)
         self._show_memory(s)
+        show_remote(self, self.info, self.last_summary)  # a served model: its server's figures
 
     def _show_speed(self, s: StatsSnapshot) -> None:
         live = s.active

@@ -17,7 +17,8 @@ The window composes one panel per tab, each constructed with what it uses, and w
 (``app.models.add.AddPanel``: check a Hugging Face id), ``downloads``
 (``app.models.downloads.DownloadsPanel``), ``installed_panel``
 (``app.models.installed.InstalledPanel``: on this machine), ``search_panel``
-(``app.models.search.SearchPanel``). It owns the models folder (``store``).
+(``app.models.search.SearchPanel``), ``servers_panel`` (``app.models.servers.ServersPanel``:
+models served elsewhere). It owns the models folder (``store``).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from app.models.installed import InstalledPanel
 from app.models.jobs import DownloadJob
 from app.models.panels import STYLE, ask_yes_no, fmt_bytes, fmt_gib
 from app.models.search import SearchPanel
+from app.models.servers import ServersPanel
 from engine.hub.store import Store, set_store_root
 
 ADD_TAB, DOWNLOADS_TAB = 1, 2
@@ -69,11 +71,13 @@ class ModelsWindow(QMainWindow):
         self.installed_panel = InstalledPanel(self, store=self.store, total_memory=total_memory,
                                               scan_external=scan_external)
         self.search_panel = SearchPanel(self, total_memory=total_memory)
+        self.servers_panel = ServersPanel(self)
         for panel, title in ((self.catalog_panel, "Catalog"),
                              (self.add_panel, "Add from Hugging Face"),
                              (self.downloads, "Downloads"),
                              (self.installed_panel, "On this machine"),
-                             (self.search_panel, "Search")):
+                             (self.search_panel, "Search"),
+                             (self.servers_panel, "Servers")):
             self.tabs.addTab(panel, title)
         self._connect()
         self.refresh_catalog()
@@ -99,6 +103,7 @@ class ModelsWindow(QMainWindow):
         i.tune_requested.connect(self.tune_requested)
         i.deleted.connect(self.refresh_catalog)
         i.folder_change_requested.connect(self._change_folder)
+        self.servers_panel.load_requested.connect(self.load_requested)
 
     # ================================================================== catalog, check
     def refresh_catalog(self) -> None:

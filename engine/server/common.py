@@ -308,6 +308,11 @@ def mtp_stats(summary: ReplySummary | None, depth: Depth, queued_s: float = 0.0)
         "depth": depth, "tokens_per_s": r(summary.tokens_per_s),
         "tokens_per_cycle": r(summary.tokens_per_cycle),
         "acceptance_by_position": [r(p.rate) for p in summary.positions],
+        # the counts behind the rates, so a client can add replies up exactly (the app's
+        # remote models: ``app.remote.reply.summary_from_mtp``)
+        "drafted_by_position": [p.drafted for p in summary.positions],
+        "reached_by_position": [p.reached for p in summary.positions],
+        "accepted_by_position": [p.accepted for p in summary.positions],
         "draft_acceptance": r(summary.draft_acceptance), "cycles": summary.cycles,
         "drafted": summary.drafted, "accepted": summary.accepted,
         "ttft_s": r(summary.ttft_s), "queued_s": r(queued_s),
