@@ -71,6 +71,12 @@ class Admission:
         for later in chunks:  # every chunk but the last gets its own step
             yield fed
             fed = later
+        if self.share is not None:
+            # On a cluster every rank must evaluate the same collectives in the same order. A
+            # pipeline rank's next forward does not depend on this one's send to the next
+            # rank, so with both forwards queued lazily that send is never run and the next
+            # rank waits for it forever: evaluate the prefix here, as every chunk but the last.
+            st.session.settle()
         st.checkpoint = st.session.snapshot()
         self.carryover.prompt_cache.keep(st.checkpoint)
         for fed in st.session.prefill_chunks(st.prompt[cut:]):

@@ -136,6 +136,11 @@ class Session:
         for _ in self.prefill_chunks(tokens):
             pass
 
+    def settle(self) -> None:
+        """Evaluate what has been fed (the trunk's caches and the last hidden, whose graph
+        holds every collective of a cluster's forwards)."""
+        mx.eval([c.state for c in self.trunk_cache] + [self.last_hidden])
+
     def prefill_chunks(self, tokens: list[int]) -> Iterator[int]:
         """``prefill`` one chunk at a time: yields the tokens fed so far after each chunk
         (every chunk but the last is evaluated before the yield), so a caller can run other
@@ -151,7 +156,7 @@ class Session:
             if self.use_mtp:
                 self.flush_pending()
             if i + PREFILL_CHUNK < len(tokens):
-                mx.eval([c.state for c in self.trunk_cache] + ([self.last_hidden]))
+                self.settle()
             else:
                 self.last_logits = model.lm_head(self.last_hidden[:, -1])
             yield i + len(chunk)

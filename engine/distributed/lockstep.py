@@ -27,7 +27,9 @@ every rank must run the same forwards on the same tokens, step by step:
 """
 from __future__ import annotations
 
+import itertools
 import threading
+from collections import OrderedDict
 from dataclasses import asdict
 
 import mlx.core as mx
@@ -39,6 +41,8 @@ from engine.errors import ClusterError, GenerationError
 from engine.types import SamplingParams
 
 CLUSTER_AUTO_DEPTH = 3
+FOLLOWER_DECODERS = 4  # rank 0 steps at most two at a time (a request batch, the warm-up)
+_DECODER_KEYS = itertools.count(1)
 _LL_TOKENIZERS: dict[int, object] = {}  # a rank's one model's llguidance tokenizer
 
 
@@ -86,6 +90,10 @@ class LeaderDecoder:
         self.model = model
         self.inner = BatchDecoder(model, carryover=carryover, max_streams=max_streams,
                                   use_mtp=use_mtp, share=Decisions(cluster))
+        # Rank 0 may step more than one decoder in turn (the scheduler's batch and the
+        # background warm-up, engine.core.warmup): every message names its decoder, and each
+        # follower keeps one decoder per key.
+        self.key = next(_DECODER_KEYS)
         self._new: dict | None = {"max_streams": max_streams, "use_mtp": use_mtp}
         self._adds: list[dict] = []
         self._flags: dict[str, tuple[threading.Event | None, threading.Event]] = {}
@@ -122,7 +130,7 @@ class LeaderDecoder:
                   if outside is not None and outside.is_set() and not private.is_set()]
         for sid in cancel:
             self._flags[sid][1].set()
-        msg = {"add": self._adds, "cancel": cancel}
+        msg = {"dec": self.key, "add": self._adds, "cancel": cancel}
         cut = self._lowered_budgets()
         if cut:
             msg["budget"] = cut
@@ -155,7 +163,7 @@ class LeaderDecoder:
 
     def close(self):
         with self.cluster.watch("closing"):
-            self.cluster.send_json({"add": [], "cancel": [], "close": True})
+            self.cluster.send_json({"dec": self.key, "add": [], "cancel": [], "close": True})
             return self._forget(self.inner.close())
 
     def _forget(self, events):
@@ -191,21 +199,24 @@ def follow(cluster, model, *, head_here: bool = True) -> None:
     """A rank other than 0: run rank 0's schedule until it says stop. ``head_here`` (the
     default): this rank keeps and runs its copy of the MTP head, so its decoder is the same
     program as rank 0's; False: ``FollowerDrafter`` (measuring only)."""
-    dec: BatchDecoder | None = None
-    flags: dict[str, threading.Event] = {}
+    decs: OrderedDict[int, tuple[BatchDecoder, dict[str, threading.Event]]] = OrderedDict()
     while True:
         msg = cluster.send_json(None)  # idle: waits for rank 0's next step
         if msg.get("stop"):
             return
         with cluster.watch("a step"):
+            key = msg.get("dec", 0)
             if "new" in msg:
                 new = msg["new"]
-                dec = BatchDecoder(model, max_streams=new["max_streams"],
-                                   use_mtp=new["use_mtp"] and head_here,
-                                   share=Decisions(cluster))
-                flags = {}
-            if dec is None:
-                raise ClusterError("rank 0 sent a step before its decoder")
+                decs[key] = (BatchDecoder(model, max_streams=new["max_streams"],
+                                          use_mtp=new["use_mtp"] and head_here,
+                                          share=Decisions(cluster)), {})
+                while len(decs) > FOLLOWER_DECODERS:  # one rank 0 dropped without closing
+                    decs.popitem(last=False)
+            if key not in decs:
+                raise ClusterError("rank 0 sent a step for a decoder this rank does not have")
+            decs.move_to_end(key)
+            dec, flags = decs[key]
             for a in msg["add"]:
                 flags[a["id"]] = threading.Event()
                 dec.add(a["prompt"], max_tokens=a["max_tokens"], depth=a["depth"],
@@ -220,6 +231,7 @@ def follow(cluster, model, *, head_here: bool = True) -> None:
                 st.reply.budget = msg.get("budget", {}).get(st.id, st.reply.budget)
             if msg.get("close"):
                 dec.close()
+                del decs[key]
                 continue
             for st, ev in dec.admit_step() + dec.cycle_step():
                 if ev.finish_reason is not None:

@@ -53,6 +53,7 @@ def check_cluster(tmp_path, path, split: str, *, depths=(0, 1, 2, 3), full: bool
     # 2-core machine a healthy step has taken over 6 s (the watchdog's own thread was late)
     srv = ClusterServer(tmp_path, path, split=split, step_timeout=5.0 if freeze else 30.0)
     try:
+        _check_chat_turns(srv, model)
         for depth in depths:
             for ids in PROMPTS[:2]:
                 got = srv.post("/v1/completions", completion(ids, depth=depth))
@@ -97,6 +98,27 @@ def _check_batched(srv, model) -> None:
                          temperature=0.8 if i == 2 else 0.0, seed=11 if i == 2 else None)
         assert out[i]["choices"][0]["text"] == want, ("batched", i)
     assert batched > 1, "the four requests never shared a batch"
+
+
+def _check_chat_turns(srv, model) -> None:
+    """Two turns of a chat (the second resumes the first's prompt-cache checkpoint, before
+    the template's generation prompt), as the background warm-up interleaves its own
+    decoder's steps with the requests': each reply equals the single-process one. Both hung
+    a pipeline cluster once (its ranks ran different forwards: the warm-up's steps went to
+    the followers' request decoder, and the checkpoint's prefix forward was never evaluated
+    on the rank it had to send from)."""
+    msgs = [{"role": "user", "content": "What does os.path.join do?"}]
+    for turn in range(2):
+        body = {"messages": msgs, "max_tokens": 24, "temperature": 0, "mtp": {"depth": 3},
+                "chat_template_kwargs": {"enable_thinking": False}}
+        got = srv.post("/v1/chat/completions", body)
+        assert "choices" in got, (turn, got, srv.text()[-1500:])
+        ids = model.chat_ids(msgs, enable_thinking=False, add_generation_prompt=True)
+        want = reference(model, list(ids), depth=0)
+        text = got["choices"][0]["message"]["content"]
+        assert text.strip() == want.strip(), (turn, text, want)
+        msgs = msgs + [{"role": "assistant", "content": text},
+                       {"role": "user", "content": "And os.path.split?"}]
 
 
 def _check_structured(srv) -> None:

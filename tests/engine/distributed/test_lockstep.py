@@ -65,7 +65,7 @@ def test_the_leaders_decoder_is_exact_and_sends_one_small_message_a_step(tiny_mo
     assert first["new"] == {"max_streams": 4, "use_mtp": True}
     assert [a["id"] for a in first["add"]] == ids + [sampled]
     assert first["add"][2]["seed"] == 5 and first["add"][2]["sampling"]["temperature"] == 0.9
-    assert rest and all(m == {"add": [], "cancel": []} for m in rest)
+    assert rest and all(m == {"dec": first["dec"], "add": [], "cancel": []} for m in rest)
     assert all(len(json.dumps(m, separators=(",", ":"))) <= HEADER - 4 for m in rest)
     assert cluster.shared >= len(cluster.sent)  # first tokens, drafts, decisions
 
