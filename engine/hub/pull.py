@@ -5,7 +5,7 @@ Conversion (raw Hugging Face bf16 -> MLX 4/8-bit keeping the MTP head) streams b
 converted + about one raw shard; a killed pull resumes without redoing finished shards). With
 ``keep_raw`` the raw download is installed first and ``engine.models.convert.convert`` runs after it;
 families the streaming converter does not know (GLM-4.x, DeepSeek-V3, Qwen3-Next) always go
-that way.
+that way (the streaming pull refuses them after reading config.json, before writing anything).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.errors import HubError, ModelLoadError
+from engine.errors import HubError
 from engine.hub.client import DownloadProgress, DownloadResult
 from engine.hub.download import Cancelled, Downloader, ProgressFn
 from engine.hub.store import MARKER_DIR, Store
@@ -37,14 +37,15 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
     convert_fn = convert if convert_bits else None
     if convert_bits:
         check_options(convert_bits, group_size)  # refused before anything is downloaded
-    if convert_bits and not keep_raw and not streamable(repo_id, revision, kw.get("token")):
-        keep_raw = True  # GLM / DeepSeek / Qwen3-Next: the whole download, then convert
     if convert_bits and not keep_raw:
-        from engine.hub.stream_convert import StreamingConvertPull
+        from engine.hub.stream_convert import NotStreamable, StreamingConvertPull
 
-        return StreamingConvertPull(repo_id, revision=revision, bits=convert_bits,
-                                    group_size=group_size, store=store, progress=progress,
-                                    cancel=cancel, **kw).run()
+        try:
+            return StreamingConvertPull(repo_id, revision=revision, bits=convert_bits,
+                                        group_size=group_size, store=store, progress=progress,
+                                        cancel=cancel, **kw).run()
+        except NotStreamable:
+            pass  # GLM / DeepSeek / Qwen3-Next: the whole download, then convert (below)
     # bf16 -> b-bit shrinks weights about 16 / (b + 0.5) times; reserve room for the output.
     extra = (lambda total: int(total * (convert_bits + 0.5) / 16)) if convert_bits else 0
     dl = Downloader(repo_id, revision=revision, store=store, progress=progress, cancel=cancel,
@@ -54,24 +55,6 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
         return result
     return _convert(result, convert_fn, bits=convert_bits, group_size=group_size, store=store,
                     progress=progress, cancel=cancel, revision=revision)
-
-
-def streamable(repo_id: str, revision: str, token: str | None) -> bool:
-    """Whether the streaming converter knows this repo's family (it renames Qwen3.5's tensors
-    only); other families are converted after the whole download (``keep_raw``), which
-    ``engine.models.convert`` does for every family. Read from the repo's config.json (one
-    small request); a repo whose config cannot be read here is left to the streaming pull,
-    which reports why in one line."""
-    from engine.hub import client as hub
-    from engine.hub.stream_convert import STREAMED_FAMILIES
-    from engine.models.checkpoint import loads_json, parse_config
-
-    try:
-        config = loads_json(hub.fetch_bytes(repo_id, "config.json", revision=revision,
-                                            token=token), what="config.json")
-        return parse_config(config).family in STREAMED_FAMILIES
-    except (HubError, ModelLoadError):
-        return True
 
 
 def release_thread_streams() -> None:

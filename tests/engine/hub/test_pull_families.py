@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 import engine
-from engine.hub.pull import pull, streamable
+from engine.hub.pull import pull
 from engine.hub.store import Store
+from engine.hub.stream_convert import NotStreamable, StreamingConvertPull
 from tests.fakehub import FakeHub, FakeRepo, point_hf_at
 from tests.tinyfamilies import FAMILIES, build_tiny_family
-from tests.tinymodels import build_tiny_model
 
 
 def _files(folder) -> dict[str, bytes]:
@@ -24,7 +24,6 @@ def repos(tmp_path_factory):
     base = tmp_path_factory.mktemp("pull-fam")
     out = {f"tiny/{f}": FakeRepo(_files(build_tiny_family(base / f, f, shards=2)))
            for f in FAMILIES}
-    out["tiny/qwen3_5"] = FakeRepo(_files(build_tiny_model(base / "qwen3_5")))
     return out
 
 
@@ -35,10 +34,13 @@ def hub(repos, tmp_path, monkeypatch):
         yield h
 
 
-def test_only_qwen3_5_streams(hub):
-    assert streamable("tiny/qwen3_5", "main", None)
-    assert not any(streamable(f"tiny/{f}", "main", None) for f in FAMILIES)
-    assert streamable("tiny/missing", "main", None)  # left to the pull, which says why
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_streaming_pull_refuses_before_writing_anything(family, hub, tmp_path):
+    store = Store(tmp_path / "store")
+    with pytest.raises(NotStreamable, match=family):
+        StreamingConvertPull(f"tiny/{family}", bits=4, store=store).run()
+    written = [p for p in store.root.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    assert not written, written
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -51,3 +53,13 @@ def test_pull_convert_keeps_the_raw_download_and_converts_it(family, hub, tmp_pa
     model = engine.load(res.path)
     assert model.info.family == family and model.info.has_mtp
     assert model.info.quantization and model.info.quantization.get("bits") == 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_check_before_download_reads_the_family_and_its_head(family, hub):
+    from engine.hub.inspection import inspect_repo
+
+    info = inspect_repo(f"tiny/{family}", offer=False)
+    assert info["supported"] and info["can_speculate"], info["reasons"]
+    assert info["family"] == family and info["mtp_layers"] == 1
+    assert info["memory_needed_bytes"] > info["weight_bytes"]  # + caches + slack
