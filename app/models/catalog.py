@@ -6,7 +6,7 @@ Signals: ``check_requested(str repo_id)`` and
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
@@ -20,8 +20,9 @@ VERDICT_COL, BUTTONS_COL = 6, 7
 NOTES = (
     "Sizes and memory needs are estimates from each model's published configuration: Check "
     "reads the exact figures from Hugging Face before anything is downloaded.",
-    "Official Qwen models come in bf16 with their MTP head; for 8-bit or 4-bit, Download "
-    "converts them on this computer after the download and keeps the MTP head.",
+    "Official models come in bf16 (DeepSeek-V3 in fp8) with their MTP head; for 8-bit or "
+    "4-bit, Download converts them on this computer after the download and keeps the MTP "
+    "head (GLM, DeepSeek and Qwen3-Next keep the download beside the conversion).",
     "Memory needed = text weights + 10% + caches for 8k tokens + 0.5 GB.",
     "No MLX build that keeps the MTP head is verified yet, so none is listed: Check any MLX "
     "model (Add from Hugging Face) before downloading it.",
@@ -47,6 +48,8 @@ class CatalogPanel(QWidget):
         self.table = model_table(page, CATALOG_COLUMNS, "Model catalog")
         self.table.verticalHeader().setDefaultSectionSize(34)
         self.table.setWordWrap(False)
+        # elide in the middle: "…-A3B-Instruct" and "…-A3B-Thinking" must stay apart
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         hdr = self.table.horizontalHeader()
         for col in range(1, len(CATALOG_COLUMNS)):
             hdr.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
@@ -97,7 +100,7 @@ class CatalogPanel(QWidget):
         def speed(o: dict) -> str:
             return f", about {o['estimated_tok_s']:g} tok/s here" if o.get("estimated_tok_s") \
                 else ""
-        return "\n".join(f"{o['quantization']}: memory {fmt_gib(o['memory_bytes'])}, disk "
+        return e["repo_id"] + "\n" + "\n".join(f"{o['quantization']}: memory {fmt_gib(o['memory_bytes'])}, disk "
                          f"{fmt_bytes(o['disk_needed_bytes'])}{speed(o)} — {o['verdict']}"
                          for o in e["options"])
 

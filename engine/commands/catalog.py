@@ -22,10 +22,11 @@ def run(args) -> int:
     print(f"{m['name']}: memory {m['total_memory_bytes'] / 2**30:.1f} GiB, "
           + (f"measured bandwidth {bw / 1e9:.1f} GB/s, " if bw else "")
           + f"free disk {m['free_disk_bytes'] / 1e9:.1f} GB at {m['store']}\n")
-    print(f"{'MODEL':24} {'VERDICT':18} {'BEST':5} {'DOWNLOAD':>9} {'MEMORY':>8}  COMMAND")
+    w = max([24] + [len(e["repo_id"]) for e in cat["models"]])  # whole names: -Instruct / -Thinking
+    print(f"{'MODEL':{w}} {'VERDICT':18} {'BEST':5} {'DOWNLOAD':>9} {'MEMORY':>8}  COMMAND")
     for e in cat["models"]:
         best = next((o for o in e["options"] if o["quantization"] == e["best_quantization"]), {})
-        print(f"{e['repo_id'][:24]:24} {e['verdict']:18} {e['best_quantization'] or '-':5} "
+        print(f"{e['repo_id']:{w}} {e['verdict']:18} {e['best_quantization'] or '-':5} "
               f"{best.get('download_bytes', 0) / 1e9:7.1f}GB {best.get('memory_bytes', 0) / 2**30:6.1f}G"
               f"  {e['pull_command']}")
         for g in e.get("graft") or []:

@@ -117,13 +117,17 @@ def _choice_key(o: dict) -> tuple[int, int]:
 
 
 def active_fraction(entry: dict) -> float:
-    """Share of the weights a MoE reads per token ("35B-A3B": 3 / 35.9); 1 for dense models."""
+    """Share of the weights a MoE reads per token: the entry's ``active_parameters_b`` (counted
+    from the config), else the repo name's ("35B-A3B": 3 / 35.9); 1 for dense models."""
     import re
 
     if not entry.get("moe"):
         return 1.0
-    m = re.search(r"-A([0-9.]+)B", str(entry.get("repo_id", "")))
     total = float(entry.get("parameters_b") or 0)
+    active = entry.get("active_parameters_b")
+    if active and total:
+        return min(1.0, float(active) / total)
+    m = re.search(r"-A([0-9.]+)B", str(entry.get("repo_id", "")))
     return min(1.0, float(m.group(1)) / total) if m and total else 1.0
 
 

@@ -3,7 +3,9 @@
 Conversion (raw Hugging Face bf16 -> MLX 4/8-bit keeping the MTP head) streams by default:
 ``engine.hub.stream_convert`` converts each shard as it arrives and deletes the raw one (peak disk:
 converted + about one raw shard; a killed pull resumes without redoing finished shards). With
-``keep_raw`` the raw download is installed first and ``engine.models.convert.convert`` runs after it.
+``keep_raw`` the raw download is installed first and ``engine.models.convert.convert`` runs after it;
+families the streaming converter does not know (GLM-4.x, DeepSeek-V3, Qwen3-Next) always go
+that way (the streaming pull refuses them after reading config.json, before writing anything).
 """
 from __future__ import annotations
 
@@ -36,11 +38,14 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
     if convert_bits:
         check_options(convert_bits, group_size)  # refused before anything is downloaded
     if convert_bits and not keep_raw:
-        from engine.hub.stream_convert import StreamingConvertPull
+        from engine.hub.stream_convert import NotStreamable, StreamingConvertPull
 
-        return StreamingConvertPull(repo_id, revision=revision, bits=convert_bits,
-                                    group_size=group_size, store=store, progress=progress,
-                                    cancel=cancel, **kw).run()
+        try:
+            return StreamingConvertPull(repo_id, revision=revision, bits=convert_bits,
+                                        group_size=group_size, store=store, progress=progress,
+                                        cancel=cancel, **kw).run()
+        except NotStreamable:
+            pass  # GLM / DeepSeek / Qwen3-Next: the whole download, then convert (below)
     # bf16 -> b-bit shrinks weights about 16 / (b + 0.5) times; reserve room for the output.
     extra = (lambda total: int(total * (convert_bits + 0.5) / 16)) if convert_bits else 0
     dl = Downloader(repo_id, revision=revision, store=store, progress=progress, cancel=cancel,

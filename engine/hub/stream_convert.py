@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from engine.errors import ModelLoadError
 from engine.hub.client import DownloadResult, RemoteFile
 from engine.hub.download import Cancelled, Downloader
 from engine.hub.store import MARKER_DIR, model_name, write_json_atomic
@@ -50,6 +51,11 @@ def _rename(key: str) -> str:
     return key if key.startswith("language_model.") else "language_model." + key
 
 
+class NotStreamable(ConversionError):
+    """The repo's family is not one this module converts shard by shard (its renames are
+    Qwen3.5's): ``engine.hub.pull`` then downloads it whole and converts it afterwards."""
+
+
 class ShardConverter:
     """Raw HF tensors -> MLX-layout tensors, a shard at a time (see the module docstring)."""
 
@@ -59,7 +65,7 @@ class ShardConverter:
         check_options(bits, group_size)
         self.cfg = parse_config(config)
         if self.cfg.family not in STREAMED_FAMILIES:
-            raise ConversionError(
+            raise NotStreamable(
                 f"pull --convert streams Qwen3.5/3.6 checkpoints only, not {self.cfg.family}: "
                 "pull without --convert, then run `engine convert` on the folder.")
         self.bits, self.group_size = bits, group_size
@@ -196,6 +202,7 @@ class StreamingConvertPull(Downloader):
         done = self._up_to_date(listing, files, t0)
         if done is not None:
             return replace(done, converted=True)
+        self._check_family(listing)
         state = self._load_state(listing.commit)
         shards = [f for f in files if f.path.endswith(".safetensors")]
         self._largest = max((f.size for f in shards), default=0)
@@ -223,6 +230,19 @@ class StreamingConvertPull(Downloader):
             if f.path not in state["done"]:
                 self._one_shard(conv, f, i, len(shards), listing.commit, state)
         return self._finish(conv, listing, files, state, total, have, t0)
+
+    def _check_family(self, listing) -> None:
+        """Refuse a family this module cannot stream before anything is written (one small
+        request for config.json); a config it cannot read is left to the later checks."""
+        from engine.hub.remote import remote_json
+
+        try:
+            config = remote_json(self.repo_id, listing, "config.json", self.token)[0]
+            family = parse_config(config).family if config else None
+        except ModelLoadError:
+            return
+        if family and family not in STREAMED_FAMILIES:
+            raise NotStreamable(f"{self.repo_id} is {family}: not streamed")
 
     def _one_shard(self, conv: ShardConverter, f: RemoteFile, i: int, n: int, commit: str,
                    state: dict) -> None:
