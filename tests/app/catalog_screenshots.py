@@ -31,7 +31,7 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     from PySide6.QtWidgets import QApplication
 
-    from app.chat.theme import apply_theme
+    from app.chat.theme import apply_app_style, apply_theme
     from app.models.window import ModelsWindow
     from engine.hub.store import Store
 
@@ -44,6 +44,7 @@ def main(out: Path) -> None:
     first_new = next(r for r in range(t.rowCount()) if "Next" in t.item(r, 0).text())
     for theme in ("light", "dark"):
         apply_theme(theme, app)
+        apply_app_style(app)  # as the chat window does on a palette change
         for name, size in (("900x650", (900, 650)), ("1920x1080", (1920, 1080))):
             w.showNormal()
             w.resize(*size)
