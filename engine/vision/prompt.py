@@ -67,6 +67,9 @@ def check_images(model, ids: list[int], images: Sequence[PlacedImage]) -> tuple:
         raise NoVisionError(f"{model.info.name} has no vision encoder: it cannot read images. "
                             "Use a vision model (a Qwen3.5/3.6 checkpoint with its "
                             "model.visual.* tensors) or send text only.")
+    if getattr(model, "decoder_factory", None) is not None:
+        raise GenerationError("images are not supported on a model split across machines "
+                              "yet: send text only")
     pad = model.image_token_id
     at = 0
     for p in sorted(images, key=lambda p: p.start):
