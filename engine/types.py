@@ -143,3 +143,4 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...] = ()
     supports_thinking: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    vision: bool = False  # a vision encoder is loaded: prompts may hold images (engine.vision)

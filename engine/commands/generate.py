@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids")
     p.add_argument("--chat", action="store_true", help="wrap --prompt as a user message in the chat template")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image for the user turn, before the text (repeatable; with --chat, "
+                        "on a model with a vision encoder)")
     p.add_argument("--system", default=None, help="system prompt (with --chat)")
     p.add_argument("--no-think", action="store_true", help="disable thinking where the template supports it")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -78,13 +81,46 @@ def parse_ids(text: str) -> list[int]:
 
 
 def prompt_ids(model, args) -> list[int]:
+    images = getattr(args, "image", None) or []
+    if images and (args.prompt_ids is not None or not args.chat):
+        raise GenerationError("--image goes with --chat --prompt TEXT (the images are put "
+                              "before the text of the user turn).")
     if args.prompt_ids is not None:
         return parse_ids(args.prompt_ids)
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
-        msgs.append({"role": "user", "content": args.prompt})
+        content = args.prompt
+        if images:
+            content = [{"type": "image", "image": im} for im in read_images(images)]
+            content.append({"type": "text", "text": args.prompt})
+        msgs.append({"role": "user", "content": content})
+        if images:
+            return model.chat_prompt(msgs, enable_thinking=False if args.no_think else None)
         return model.chat_ids(msgs, enable_thinking=False if args.no_think else None)
     return list(model.tokenizer.encode(args.prompt, add_special_tokens=False))
+
+
+def read_images(paths: list[str]) -> list:
+    """``--image`` files decoded (``engine.vision.image_io``, its limits); one line each
+    for a missing, unreadable or bad file."""
+    from engine.vision.image_io import DEFAULT_LIMITS, ImageError, check_count, decode_image
+
+    try:
+        check_count(len(paths), DEFAULT_LIMITS)
+    except ImageError as exc:
+        raise GenerationError(str(exc)) from None
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(DEFAULT_LIMITS.max_bytes + 1)
+        except OSError as exc:
+            raise GenerationError(f"--image {path}: {exc.strerror or exc}") from None
+        try:
+            out.append(decode_image(data, DEFAULT_LIMITS))
+        except ImageError as exc:
+            raise GenerationError(f"--image {path}: {exc}") from None
+    return out
 
 
 class EmptyThinkFilter:
@@ -223,6 +259,8 @@ def _run_cluster(args) -> int:
     if cluster.rank != 0:
         return node.run_follower(cluster, model, args)
     cluster.on_stall = node.exit_on_stall(cluster)
+    if getattr(args, "image", None):
+        raise GenerationError("--image is not supported on a cluster (--hostfile) yet.")
     depth = parse_depth(args.depth)
     dec = LeaderDecoder(cluster, model, max_streams=1,
                         use_mtp=depth != 0 and model.mtp is not None)

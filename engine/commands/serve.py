@@ -66,6 +66,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def image_policy(args):
+    """The server's ``ImagePolicy`` from --allow-remote-images and the image limits."""
+    from engine.server.images import ImagePolicy
+    from engine.vision.image_io import ImageLimits
+
+    return ImagePolicy(limits=ImageLimits(max_bytes=int(args.max_image_mb * (1 << 20)),
+                                          max_pixels=int(args.max_image_pixels),
+                                          max_images=int(args.max_images)),
+                       allow_remote=bool(args.allow_remote_images))
+
+
 def add_arguments(p) -> None:
     from engine.commands.generate import add_model_arguments
 
@@ -93,6 +104,15 @@ def add_arguments(p) -> None:
                    help="a web page origin allowed to call the server from a browser (CORS), "
                    "e.g. http://localhost:3000; repeatable; '*' allows every page. Also read "
                    "from MTPCHAT_ORIGINS (comma-separated). Default: none")
+    p.add_argument("--allow-remote-images", action="store_true", help="fetch http(s) image "
+                   "URLs in requests (default: refused with a 400; images come inline as "
+                   "data: URLs or base64, so no web page can make the server fetch a URL)")
+    p.add_argument("--max-image-mb", type=_positive, default=20.0, help="largest image in "
+                   "MiB (default 20)")
+    p.add_argument("--max-image-pixels", type=_positive, default=40e6, help="most pixels in "
+                   "one image, width x height (default 40000000)")
+    p.add_argument("--max-images", type=_positive, default=8, help="most images in one "
+                   "request (default 8)")
     p.add_argument("--max-connections", type=int, default=512, help="open connections at "
                    "most (idle ones are closed first; lowered to fit the file-descriptor "
                    "limit; default 512)")
@@ -167,6 +187,7 @@ def run(args) -> int:
         node.exit_when_broken(cluster)
     server = Server(scheduler, host=args.host, port=args.port, api_key=args.api_key,
                     default_depth=depth, drain_s=args.drain_seconds, perimeter=perimeter,
+                    images=image_policy(args),
                     max_connections=args.max_connections)
     _announce_when_started(server, args.json)
     server.serve()

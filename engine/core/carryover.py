@@ -49,15 +49,17 @@ class Carryover:
         self.prompt_cache = PromptCache()
 
     # -- the prompt cache ---------------------------------------------------------------
-    def session_for(self, model, prompt: list[int], use_mtp: bool) -> tuple[Session, int]:
+    def session_for(self, model, prompt: list[int], use_mtp: bool,
+                    media: tuple = ()) -> tuple[Session, int]:
         """A session resumed from the longest usable snapshot: in memory first, then on disk
         (only for prompts it would have saved); else a fresh one. Returns it and how many
-        prompt tokens it already holds."""
-        snap = self.prompt_cache.take(prompt, need_mtp=use_mtp)
+        prompt tokens it already holds. ``media``: the prompt's images, (start, tokens,
+        digest) each: a snapshot matches only with the same images (not only the same ids)."""
+        snap = self.prompt_cache.take(prompt, need_mtp=use_mtp, media=media)
         disk = self.disk_cache
         if disk is not None and len(prompt) >= disk.min_tokens:
             snap = disk.load(prompt, longer_than=len(snap.fed) if snap else 0,
-                             need_mtp=use_mtp) or snap
+                             need_mtp=use_mtp, media=media) or snap
         if snap is not None:
             return Session.from_snapshot(model, snap, use_mtp=use_mtp), len(snap.fed)
         return Session.fresh(model, use_mtp=use_mtp), 0

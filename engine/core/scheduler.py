@@ -98,6 +98,12 @@ class GenRequest:
     response_format: object | None = field(default=None, compare=False)
 
 
+def prompt_of(ids):
+    """A request's prompt as the decoder takes it: a list of ids, or an
+    ``engine.vision.prompt.ImagePrompt`` kept whole (its images go with it)."""
+    return ids if getattr(ids, "images", None) else list(ids)
+
+
 @dataclass(frozen=True)
 class Started:
     """The worker picked the request up (sent before its first event)."""
@@ -449,7 +455,7 @@ class Scheduler:
                 model = self.model
                 if model is None or dec is None:
                     raise EngineError("No model is loaded yet.")
-                ids = list(req.prompt_ids) if req.render is None else list(req.render(model))
+                ids = prompt_of(req.prompt_ids if req.render is None else req.render(model))
             kind, max_tokens = self.memory.verdict(req.id, len(ids), req.max_tokens, req.depth)
         except Exception as exc:  # noqa: BLE001 - delivered as the request's Failed
             return exc

@@ -48,7 +48,7 @@ class Admission:
                 return None
             self.joining = st = self.waiting.popleft()
             st.session, st.reused = self.carryover.session_for(self.model, st.prompt,
-                                                               self.use_mtp)
+                                                               self.use_mtp, st.media)
             st.prefill = self._prefill(st)
         st = self.joining
         if next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt):
@@ -64,9 +64,9 @@ class Admission:
         cut = self.carryover.checkpoint(self.model, st.prompt)
         if cut is None or st.reused >= cut:
             if st.reused < len(st.prompt):
-                yield from st.session.prefill_chunks(st.prompt[st.reused:])
+                yield from st.session.prefill_chunks(st.prompt[st.reused:], st.images)
             return
-        chunks = st.session.prefill_chunks(st.prompt[st.reused:cut])
+        chunks = st.session.prefill_chunks(st.prompt[st.reused:cut], st.images)
         fed = next(chunks)
         for later in chunks:  # every chunk but the last gets its own step
             yield fed
@@ -79,7 +79,7 @@ class Admission:
             st.session.settle()
         st.checkpoint = st.session.snapshot()
         self.carryover.prompt_cache.keep(st.checkpoint)
-        for fed in st.session.prefill_chunks(st.prompt[cut:]):
+        for fed in st.session.prefill_chunks(st.prompt[cut:], st.images):
             pass
         yield fed
 

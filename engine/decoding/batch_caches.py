@@ -69,6 +69,8 @@ class Batch:
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
         self.tracked: list[bool] = []  # rows whose MTP cache is kept in step (see ``join``)
+        self.media: list[tuple] = []    # each row's images (``Session.media``)
+        self.rope_delta: list[int] = []  # each row's M-RoPE shift (``Session.rope_delta``)
         self.last_hidden: mx.array | None = None  # [B, 1, H]
         self._spec_mtp = 0  # speculative MTP rows per row from this cycle's head steps
 
@@ -88,7 +90,7 @@ class Batch:
             raise ValueError("this stream's MTP cache is not in step with its trunk")
         for mine, theirs in zip(self.trunk_cache, s.trunk_cache):
             if isinstance(mine, RowKVCache):
-                mine.join(theirs)
+                mine.join(theirs, s.rope_delta)
             elif mine.cache[0] is None:  # the first row
                 mine.cache = list(theirs.cache)
             else:
@@ -97,13 +99,15 @@ class Batch:
             for mine, theirs in zip(self.mtp_cache, s.mtp_cache):
                 if theirs.keys is None:  # a one-token prompt: no pair committed yet
                     theirs = _empty_kv(self.model, s)
-                mine.join(theirs)
+                mine.join(theirs, s.rope_delta)
         p = Pending()
         if s.pending_h is not None:
             p.add(s.pending_h[0], list(s.pending_tok))
         self.pending.append(p)
         self.tracked.append(track and self.use_mtp)
         self.fed.append(list(s.fed))
+        self.media.append(tuple(s.media))
+        self.rope_delta.append(s.rope_delta)
         h = s.last_hidden[:, -1:]
         self.last_hidden = h if self.last_hidden is None else \
             mx.concatenate([self.last_hidden, h])
@@ -124,6 +128,8 @@ class Batch:
         self.fed = [self.fed[b] for b in keep]
         self.pending = [self.pending[b] for b in keep]
         self.tracked = [self.tracked[b] for b in keep]
+        self.media = [self.media[b] for b in keep]
+        self.rope_delta = [self.rope_delta[b] for b in keep]
         self.last_hidden = None if not keep else \
             mx.take(self.last_hidden, mx.array(keep, dtype=mx.int32), axis=0)
 
@@ -142,6 +148,8 @@ class Batch:
             s.pending_h = None if p.hidden is None else p.hidden[None]
             s.pending_tok = list(p.tokens)
         s.fed = list(self.fed[b])
+        s.media = self.media[b]
+        s.set_rope_delta(self.rope_delta[b])
         s.last_hidden = self.last_hidden[b:b + 1]
         s.last_logits = self.model.lm_head(s.last_hidden[:, -1])
         s.mtp_ok = self.tracked[b]

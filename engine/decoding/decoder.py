@@ -96,7 +96,12 @@ class BatchDecoder:
         """Queue a stream (checked like ``Model.generate``, raising ``GenerationError``)."""
         params = SamplingParams() if sampling is None else sampling
         model = self.model
+        images = getattr(prompt_ids, "images", ())
         prompt = check_prompt(model, prompt_ids)
+        if images:
+            from engine.vision.prompt import check_images
+
+            images = check_images(model, prompt, images)
         budget = check_request(model, prompt, max_tokens=max_tokens, depth=depth,
                                sampling=params, stop_strings=stop_strings, drafter=drafter,
                                draft_mode=draft_mode)
@@ -111,7 +116,7 @@ class BatchDecoder:
                       cancel=cancel)
         row = Row(reply=reply, params=params, keys=draw.keys(seed), drafter=drafter,
                   constraint=constraint, draft_mode=draft_mode)
-        st = Stream(id=id or new_id(), prompt=prompt, row=row, depth=depth)
+        st = Stream(id=id or new_id(), prompt=prompt, row=row, depth=depth, images=images)
         if depth == "auto" and drafter is None and not self.busy:  # a new prompt, alone
             self.carryover.controller(model, 1).new_request()
         self.admission.waiting.append(st)

@@ -114,6 +114,23 @@ def _state_from(prefix: str, layout: list, kinds: list, arrays: dict) -> list:
     return state
 
 
+def content_hash(tokens, media: tuple = ()) -> str:
+    """``token_hash`` of the tokens, and of the images in them when there are any (each
+    (start, tokens, digest)): two prompts with the same ids but other pixels never share an
+    entry; a text-only prompt's hash is its token hash, as before."""
+    th = token_hash(tokens)
+    if not media:
+        return th
+    return hashlib.sha256((th + json.dumps([list(m) for m in media])).encode()).hexdigest()
+
+
+def prefix_media(media: tuple, n: int) -> tuple | None:
+    """The images of the first ``n`` tokens (None when one is cut at ``n``)."""
+    if any(start < n < start + tokens for start, tokens, _ in media):
+        return None
+    return tuple(tuple(m) for m in media if m[0] < n)
+
+
 def encode(snap: Snapshot) -> tuple[dict, dict]:
     """(arrays, manifest fields) of a snapshot; the arrays are lazy slices."""
     arrays = {"tokens": mx.array(np.asarray(snap.fed, dtype=np.int32))}
@@ -121,6 +138,8 @@ def encode(snap: Snapshot) -> tuple[dict, dict]:
             "mtp": None if snap.mtp_state is None else _state_arrays("m", snap.mtp_state, arrays),
             "mtp_rows": snap.mtp_rows, "pending_tok": list(snap.pending_tok),
             "mtp_ok": bool(snap.mtp_ok)}
+    if snap.media:
+        meta.update(media=[list(m) for m in snap.media], rope_delta=int(snap.rope_delta))
     for name in ("pending_h", "last_hidden", "last_logits"):
         if getattr(snap, name) is not None:
             arrays[name] = getattr(snap, name)
@@ -139,7 +158,9 @@ def decode_snapshot(arrays: dict, meta: dict, kinds: dict) -> Snapshot:
         mtp_rows=int(meta["mtp_rows"]), pending_h=arrays.get("pending_h"),
         pending_tok=tuple(int(t) for t in meta["pending_tok"]),
         last_hidden=arrays.get("last_hidden"), last_logits=arrays.get("last_logits"),
-        mtp_ok=bool(meta["mtp_ok"]) and mtp is not None)
+        mtp_ok=bool(meta["mtp_ok"]) and mtp is not None,
+        rope_delta=int(meta.get("rope_delta", 0)),
+        media=tuple((int(a), int(b), str(c)) for a, b, c in meta.get("media", ())))
 
 
 class DiskPromptCache:
@@ -160,18 +181,18 @@ class DiskPromptCache:
         for snap in snaps:
             if snap is None or len(snap.fed) < self.min_tokens or snap.last_logits is None:
                 continue
-            name = self._entry_name(snap.fed, snap.mtp_ok)
+            name = self._entry_name(snap.fed, snap.mtp_ok, snap.media)
             if name in seen:
                 continue
             seen.add(name)
-            have = self._stored(snap.fed, snap.mtp_ok)
+            have = self._stored(snap.fed, snap.mtp_ok, snap.media)
             if have is not None:
                 _touch(have)
                 continue
             arrays, meta = encode(snap)
             arrays = {k: mx.contiguous(v) for k, v in arrays.items()}
             mx.eval(list(arrays.values()))
-            jobs.append((name, arrays, meta, len(snap.fed), token_hash(snap.fed)))
+            jobs.append((name, arrays, meta, len(snap.fed), content_hash(snap.fed, snap.media)))
         if jobs:
             self._writer = threading.Thread(target=self._write_all, args=(jobs,),
                                             name="prompt-disk-cache", daemon=True)
@@ -230,17 +251,19 @@ class DiskPromptCache:
 
     # -- loading --------------------------------------------------------------------------
     def load(self, prompt: list[int], *, longer_than: int = 0,
-             need_mtp: bool = False) -> Snapshot | None:
-        """The stored snapshot with the longest prefix of ``prompt`` (None if none fits)."""
+             need_mtp: bool = False, media: tuple = ()) -> Snapshot | None:
+        """The stored snapshot with the longest prefix of ``prompt`` and its images
+        (``media``) (None if none fits)."""
         self.flush()
-        for n, man in self._candidates(prompt, longer_than, need_mtp):
-            snap = self._read(man, prompt[:n])
+        for n, man in self._candidates(prompt, longer_than, need_mtp, media):
+            snap = self._read(man, prompt[:n], prefix_media(media, n))
             if snap is not None and (not need_mtp or snap.mtp_ok):
                 _touch(man)
                 return snap
         return None
 
-    def _candidates(self, prompt: list[int], longer_than: int, need_mtp: bool) -> list:
+    def _candidates(self, prompt: list[int], longer_than: int, need_mtp: bool,
+                    media: tuple = ()) -> list:
         found, hashes = [], {}
         for man in self.dir.glob("*.json") if self.dir.is_dir() else ():
             try:
@@ -256,18 +279,20 @@ class DiskPromptCache:
             if not longer_than < n <= len(prompt) or (need_mtp and not meta.get("mtp_ok")):
                 continue
             if n not in hashes:
-                hashes[n] = token_hash(prompt[:n])
+                have = prefix_media(media, n)
+                hashes[n] = None if have is None else content_hash(prompt[:n], have)
             if hashes[n] == meta.get("token_hash"):
                 found.append((n, man))
         return sorted(found, key=lambda x: -x[0])
 
-    def _read(self, man: Path, tokens: list[int]) -> Snapshot | None:
+    def _read(self, man: Path, tokens: list[int], media: tuple = ()) -> Snapshot | None:
         try:
             meta = json.loads(man.read_text(encoding="utf-8"))
             arrays = mx.load(str(man.with_suffix(".safetensors")))
             mx.eval(list(arrays.values()))
             snap = decode_snapshot(arrays, meta, self.kinds)
-            if list(snap.fed) != list(tokens) or snap.last_logits is None:
+            if list(snap.fed) != list(tokens) or snap.last_logits is None or \
+                    tuple(snap.media) != tuple(media or ()):
                 raise ValueError("the stored tokens are not the manifest's")
             return snap
         except Exception as exc:  # noqa: BLE001 - a bad entry is removed, never fatal
@@ -275,15 +300,16 @@ class DiskPromptCache:
             _remove_entry(man)
             return None
 
-    def _entry_name(self, tokens, mtp_ok: bool) -> str:
+    def _entry_name(self, tokens, mtp_ok: bool, media: tuple = ()) -> str:
         tag = "mtp" if mtp_ok else "trunk"
-        return hashlib.sha256(f"{self.key}{token_hash(tokens)}{tag}".encode()).hexdigest()[:40]
+        th = content_hash(tokens, media)
+        return hashlib.sha256(f"{self.key}{th}{tag}".encode()).hexdigest()[:40]
 
-    def _stored(self, tokens, mtp_ok: bool) -> Path | None:
+    def _stored(self, tokens, mtp_ok: bool, media: tuple = ()) -> Path | None:
         """The manifest of an entry as good as a snapshot of ``tokens`` (an entry with the
         MTP cache serves every depth; one without serves depth 0 only)."""
         for tag in (True,) if mtp_ok else (True, False):
-            man = self.dir / f"{self._entry_name(tokens, tag)}.json"
+            man = self.dir / f"{self._entry_name(tokens, tag, media)}.json"
             if man.is_file():
                 return man
         return None

@@ -32,6 +32,8 @@ class RowKVCache:
                  lengths: list[int] | None = None) -> None:
         self.keys, self.values = keys, values
         self.lengths: list[int] = list(lengths or [])
+        # each row's M-RoPE shift past its images (``engine.models.trunk.shifted_offset``)
+        self.rope_delta: list[int] = [0] * len(self.lengths)
 
     # -- mlx-lm's cache protocol ------------------------------------------------------------
     @property
@@ -101,25 +103,29 @@ class RowKVCache:
             new_v[..., :old, :] = self.values
         self.keys, self.values = new_k, new_v
 
-    def join(self, single: KVCache) -> None:
-        """Append one stream's cache (mlx-lm's ``KVCache``, batch 1) as a new last row."""
+    def join(self, single: KVCache, delta: int = 0) -> None:
+        """Append one stream's cache (mlx-lm's ``KVCache``, batch 1) as a new last row
+        (``delta``: its M-RoPE shift)."""
         n = single.offset
         if single.keys is None:
             raise ValueError("a stream joins after its prefill (its KV cache is empty)")
         k, v = single.keys[..., :n, :], single.values[..., :n, :]
         if self.keys is None:
-            self.keys, self.values, self.lengths = k, v, []
+            self.keys, self.values, self.lengths, self.rope_delta = k, v, [], []
             self.lengths.append(n)
+            self.rope_delta.append(delta)
             self._reserve(n, k, v)
             return
         cap = max(self.keys.shape[2], _capacity(n))
         self.keys = mx.concatenate([_pad_to(self.keys, cap), _pad_to(k, cap)])
         self.values = mx.concatenate([_pad_to(self.values, cap), _pad_to(v, cap)])
         self.lengths.append(n)
+        self.rope_delta.append(delta)
 
     def take(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order); the buffer shrinks to the longest kept row."""
         self.lengths = [self.lengths[r] for r in rows]
+        self.rope_delta = [self.rope_delta[r] for r in rows]
         if not rows:
             self.keys = self.values = None
             return
@@ -136,6 +142,8 @@ class RowKVCache:
         k = mx.contiguous(self.keys[b:b + 1, :, :n, :])
         v = mx.contiguous(self.values[b:b + 1, :, :n, :])
         c.keys, c.values, c.offset = _pad_to(k, _capacity(n)), _pad_to(v, _capacity(n)), n
+        if self.rope_delta[b]:
+            c.rope_delta = self.rope_delta[b]
         return c
 
 

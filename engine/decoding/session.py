@@ -35,6 +35,8 @@ class Snapshot:
     last_logits: mx.array
     mtp_ok: bool
     lineage: int = 0  # snapshots of one lineage share buffers (see ``PromptCache``)
+    rope_delta: int = 0   # M-RoPE: position - index past the prompt's images (engine.vision)
+    media: tuple = ()     # the images fed: (start, tokens, digest) each (engine.vision)
 
 
 def _cache_state(cache: list) -> list:
@@ -71,6 +73,8 @@ class Session:
     # which buffers this session writes into: a fresh session starts a lineage, a resumed
     # one continues its snapshot's (``PromptCache``)
     lineage: int = field(default_factory=lambda: next(_lineages))
+    rope_delta: int = 0   # see ``Snapshot``; every attention cache carries it too
+    media: tuple = ()
 
     @classmethod
     def fresh(cls, model, *, use_mtp: bool) -> "Session":
@@ -87,7 +91,7 @@ class Session:
             mtp_state=_cache_state(self.mtp_cache) if self.mtp_cache else None,
             mtp_rows=self.mtp_rows, pending_h=self.pending_h, pending_tok=tuple(self.pending_tok),
             last_hidden=self.last_hidden, last_logits=self.last_logits, mtp_ok=self.mtp_ok,
-            lineage=self.lineage)
+            lineage=self.lineage, rope_delta=self.rope_delta, media=tuple(self.media))
 
     @classmethod
     def from_snapshot(cls, model, snap: Snapshot, *, use_mtp: bool) -> "Session":
@@ -100,7 +104,20 @@ class Session:
         s.last_hidden, s.last_logits = snap.last_hidden, snap.last_logits
         s.mtp_ok = snap.mtp_ok and s.mtp_cache is not None
         s.lineage = snap.lineage
+        s.media = tuple(snap.media)
+        s.set_rope_delta(snap.rope_delta)
         return s
+
+    def set_rope_delta(self, delta: int) -> None:
+        """Where text continues past the images fed (M-RoPE: ``engine.vision.positions``):
+        kept on every attention cache, whose offset the attention layers shift by it.
+        Never set for a text-only conversation (delta 0: the caches stay as they were)."""
+        self.rope_delta = delta
+        if not delta:
+            return
+        for c in list(self.trunk_cache) + list(self.mtp_cache or []):
+            if hasattr(c, "offset") and hasattr(c, "keys"):
+                c.rope_delta = delta
 
     # -- feeding tokens -----------------------------------------------------------------
     def _queue_pairs(self, tokens: list[int], hidden: mx.array) -> None:
@@ -131,9 +148,9 @@ class Session:
         self.mtp_rows += len(self.pending_tok)
         self.pending_h, self.pending_tok = None, []
 
-    def prefill(self, tokens: list[int]) -> None:
+    def prefill(self, tokens: list[int], images=()) -> None:
         """Feed ``tokens`` in chunks (bounded memory); leaves last_logits lazy-evaluated."""
-        for _ in self.prefill_chunks(tokens):
+        for _ in self.prefill_chunks(tokens, images):
             pass
 
     def settle(self) -> None:
@@ -141,11 +158,20 @@ class Session:
         holds every collective of a cluster's forwards)."""
         mx.eval([c.state for c in self.trunk_cache] + [self.last_hidden])
 
-    def prefill_chunks(self, tokens: list[int]) -> Iterator[int]:
+    def prefill_chunks(self, tokens: list[int], images=()) -> Iterator[int]:
         """``prefill`` one chunk at a time: yields the tokens fed so far after each chunk
         (every chunk but the last is evaluated before the yield), so a caller can run other
         work between chunks (``engine.decoding.admission``: a joining stream never stalls the batch
-        for more than one chunk)."""
+        for more than one chunk). ``images``: the prompt's placed images
+        (``engine.vision.prompt.PlacedImage``); a span holding one is fed by
+        ``engine.vision.prefill`` (embeddings spliced in, M-RoPE positions)."""
+        if images:
+            from engine.vision import prefill as vision_prefill
+
+            inside = vision_prefill.span_images(self, tokens, images)
+            if inside:
+                yield from vision_prefill.prefill_chunks(self, tokens, inside, PREFILL_CHUNK)
+                return
         model = self.model
         for i in range(0, len(tokens), PREFILL_CHUNK):
             chunk = tokens[i:i + PREFILL_CHUNK]
@@ -187,13 +213,18 @@ class PromptCache:
         keep = set(order[:max(1, self.max_lineages)])
         self.snapshots = [s for s in self.snapshots if s.lineage in keep]
 
-    def take(self, prompt: list[int], *, need_mtp: bool = False) -> Snapshot | None:
+    def take(self, prompt: list[int], *, need_mtp: bool = False,
+             media: tuple = ()) -> Snapshot | None:
         """The longest snapshot whose tokens start ``prompt`` (with ``need_mtp``: only one
-        whose MTP cache is in step)."""
+        whose MTP cache is in step) and whose images are the prompt's images in that prefix
+        (``media``: (start, tokens, digest) of each: equal ids with other pixels never
+        match)."""
         best = None
         for s in self.snapshots:
             n = len(s.fed)
             if need_mtp and not s.mtp_ok:
+                continue
+            if (s.media or media) and not media_match(s.media, media, n):
                 continue
             if n <= len(prompt) and tuple(prompt[:n]) == s.fed and n > 0:
                 if n == len(prompt) and s.last_logits is None:
@@ -205,3 +236,11 @@ class PromptCache:
         elif best is not None:  # its lineage's buffers are about to be written
             self.snapshots = [s for s in self.snapshots if s.lineage != best.lineage]
         return best
+
+
+def media_match(have: tuple, media: tuple, n: int) -> bool:
+    """Whether a state of ``n`` fed tokens holding images ``have`` is a prefix of a prompt
+    with images ``media``: the same images up to ``n``, none of them cut at ``n``."""
+    if any(start < n < start + tokens for start, tokens, _ in media):
+        return False
+    return tuple(have) == tuple(m for m in media if m[0] < n)

@@ -57,6 +57,12 @@ class Stream:
     checkpoint: Snapshot | None = None  # before the generation prompt (``Carryover.checkpoint``)
     lineage: int = 0                    # its prompt-cache lineage (``session.PromptCache``)
     finished: bool = False
+    images: tuple = ()                  # its prompt's placed images (``engine.vision.prompt``)
+
+    @property
+    def media(self) -> tuple:
+        """What caches key its images on: (start, tokens, digest) of each."""
+        return tuple(p.key for p in self.images)
 
     @property
     def reply(self) -> Reply:

@@ -32,6 +32,7 @@ class Built:
     raw_layout: bool
     mtp_layers: int
     notes: tuple[str, ...]
+    vision: object | None = None  # engine.vision.encoder.VisionEncoder | None
 
 
 def short_error(exc: BaseException) -> str:

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "chat_template.jinja", "chat_template.json",
-              "vocab.json", "merges.txt", "tokenizer.model", "README.md", "LICENSE")
+              "vocab.json", "merges.txt", "tokenizer.model", "README.md", "LICENSE",
+              "preprocessor_config.json")
 SHARD_BYTES = 4 * 2**30
 GROUP_SIZES = (32, 64, 128)
 
@@ -151,6 +152,10 @@ def _write(model, src: Path, dst: Path, quant_cfg: dict | None,
     weights = dict(tree_flatten(model.trunk.parameters()))
     if model.mtp is not None:
         weights.update({f"mtp.{k}": v for k, v in tree_flatten(model.mtp.parameters())})
+    if model.vision is not None:  # kept as loaded (never quantized): images stay exact
+        from engine.vision.encoder import PREFIX
+
+        weights.update({PREFIX + k: v for k, v in tree_flatten(model.vision.parameters())})
     dst.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-", dir=dst.parent))
     try:

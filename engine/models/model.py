@@ -27,11 +27,15 @@ class Model:
     model's; ``generate`` and ``decoder`` use the model's shared one unless given another.
     """
 
-    def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo) -> None:
+    def __init__(self, *, trunk, mtp, tokenizer, info: ModelInfo, vision=None,
+                 vision_config: dict | None = None) -> None:
         from engine.models import families
 
         self.trunk = trunk            # the family's mlx-lm Model
         self.mtp = mtp                # the family's MTP head | None
+        self.vision = vision          # engine.vision.encoder.VisionEncoder | None
+        self.vision_config = vision_config or {}  # image token ids, preprocessing
+        self.vision_stats = {"calls": 0, "images": 0, "preprocess_s": 0.0, "encoder_s": 0.0}
         self.tokenizer = tokenizer
         self.info = info
         self.family = families.get(info.family)  # engine.models.families.base.Family
@@ -65,6 +69,31 @@ class Model:
                  add_generation_prompt: bool = True) -> list[int]:
         """Apply the model's chat template (sandboxed, with a time and size budget)."""
         return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
+
+    def chat_prompt(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                    add_generation_prompt: bool = True):
+        """``chat_ids`` for messages whose content may hold image parts: an
+        ``engine.vision.prompt.ImagePrompt`` when one does (the engine/app contract:
+        ``engine/vision/__init__.py``), else the plain ids."""
+        from engine.vision.prompt import chat_prompt
+
+        return chat_prompt(self, messages, enable_thinking=enable_thinking,
+                           add_generation_prompt=add_generation_prompt)
+
+    @property
+    def image_token_id(self) -> int | None:
+        return self.vision_config.get("image_token_id")
+
+    @property
+    def image_config(self):
+        """The image preprocessing numbers (``engine.vision.preprocess.ImageConfig``)."""
+        got = self.__dict__.get("_image_config")
+        if got is None:
+            from engine.vision.preprocess import ImageConfig
+
+            got = self.__dict__["_image_config"] = ImageConfig.from_folder(
+                Path(self.info.path), self.vision_config.get("vision_config") or {})
+        return got
 
     def prompt_limit(self) -> int:
         """The most prompt tokens a reply can start from now: the context less one, and
@@ -136,6 +165,26 @@ class PromptView:
                  add_generation_prompt: bool = True) -> list[int]:
         return _chat_ids(self, messages, enable_thinking, add_generation_prompt)
 
+    # what ``engine.vision.prompt.chat_prompt`` reads: the model's vision facts
+    @property
+    def vision(self):
+        return self._model.vision
+
+    @property
+    def image_token_id(self) -> int | None:
+        return self._model.image_token_id
+
+    @property
+    def image_config(self):
+        return self._model.image_config
+
+    def chat_prompt(self, messages: list[dict], *, enable_thinking: bool | None = None,
+                    add_generation_prompt: bool = True):
+        from engine.vision.prompt import chat_prompt
+
+        return chat_prompt(self, messages, enable_thinking=enable_thinking,
+                           add_generation_prompt=add_generation_prompt)
+
 
 def _chat_ids(owner, messages: list[dict], enable_thinking: bool | None,
               add_generation_prompt: bool) -> list[int]:
@@ -175,14 +224,25 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
     try:
-        mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {})
+        mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {},
+                built.vision.parameters() if built.vision is not None else {})
     except Exception as exc:  # noqa: BLE001 - e.g. a shard changed on disk while loading
         raise ModelLoadError(f"The weights could not be read: {exc}. Re-download the model.") \
             from exc
     info = _model_info(folder, ckpt, built, tokenizer, dtype)
     log.info("loaded %s (%s, %s layout, %.1fM params, MTP=%s)", info.name, info.family,
              info.layout, info.num_parameters / 1e6, info.has_mtp)
-    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info)
+    return Model(trunk=built.trunk, mtp=built.mtp, tokenizer=tokenizer, info=info,
+                 vision=built.vision, vision_config=_vision_config(ckpt.config, built))
+
+
+def _vision_config(cfg, built) -> dict:
+    """What image prompts need from config.json: the special token ids, the vision config."""
+    if built.vision is None:
+        return {}
+    raw = cfg.raw
+    return {k: raw.get(k) for k in ("image_token_id", "vision_start_token_id",
+                                     "vision_end_token_id", "vision_config")}
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -193,7 +253,7 @@ def _cast(built, target) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    for m in (built.trunk, built.mtp):
+    for m in (built.trunk, built.mtp, built.vision):
         if m is None:
             continue
         # set_dtype's predicate sees dtypes, not names: cast by path to keep A_log (and
@@ -225,7 +285,8 @@ def _model_info(folder: Path, ckpt, built, tokenizer, dtype: str | None) -> Mode
         num_layers=int(cfg.text["num_hidden_layers"]),
         dtype=str(dtype or first.dtype).replace("mlx.core.", ""),
         eos_token_ids=loading.eos_ids(folder, cfg, tokenizer),
-        supports_thinking="enable_thinking" in template, notes=built.notes)
+        supports_thinking="enable_thinking" in template, notes=built.notes,
+        vision=built.vision is not None)
 
 
 __all__ = ["Model", "load", "UnsupportedModelError", "ModelLoadError"]

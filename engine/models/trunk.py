@@ -201,6 +201,21 @@ def mlp_block(layer, h: mx.array, cpu: bool | None = None) -> mx.array:
                        [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
 
+def shifted_offset(cache):
+    """The cache's RoPE offset moved by its M-RoPE shift (``rope_delta``: an int on a
+    stream's cache, one per row on a batch's), or None when there is none: text past an
+    image sits at fewer positions than tokens (``engine.vision.positions``). Text-only
+    conversations never set it, so their arithmetic is untouched."""
+    delta = getattr(cache, "rope_delta", 0)
+    if isinstance(delta, list):
+        if not any(delta):
+            return None
+        return cache.offset + mx.array(delta, dtype=mx.int32)
+    if not delta:
+        return None
+    return mx.array(cache.offset + delta, dtype=mx.int32)
+
+
 def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) -> mx.array:
     """A full-attention decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
     ``h = x + self_attn(input_layernorm(x))``, with mlx-lm's operations. On the CPU branch
@@ -209,21 +224,27 @@ def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) ->
     offset passed as an array: the same values as an int offset, tested), then the cache
     update and the attention itself as mlx-lm runs them (their shapes grow with the context,
     so they are not compiled), then the output gate, ``o_proj``, the residual and (a dense
-    MLP) the layer's second half as another compiled function."""
+    MLP) the layer's second half as another compiled function. A cache shifted by M-RoPE
+    (``shifted_offset``) runs these same parts on every device, rotating at the shifted
+    offset (uncompiled off the CPU branch)."""
     attn = layer.self_attn
     cpu = _cpu(cpu)
-    if not cpu or cache is None or \
+    shifted = None if cache is None else shifted_offset(cache)
+    if (not cpu and shifted is None) or cache is None or \
             not isinstance(attn.rope, nn.RoPE) or not hasattr(attn, "q_norm"):
         return mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache), cpu)
-    offset = cache.offset
+    offset = cache.offset if shifted is None else shifted
     if isinstance(offset, int):
         offset = mx.array(offset, dtype=mx.int32)
-    q, k, v, gate = compiled_on(layer, "_mtpchat_attn_in", functools.partial(_attn_in, layer),
-                                [attn.state, layer.input_layernorm.state])(x, offset)
+    if cpu:
+        q, k, v, gate = compiled_on(layer, "_mtpchat_attn_in", functools.partial(_attn_in, layer),
+                                    [attn.state, layer.input_layernorm.state])(x, offset)
+    else:
+        q, k, v, gate = _attn_in(layer, x, offset)
     k, v = cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
-    if not _dense(layer):
-        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False), True)
+    if not cpu or not _dense(layer):
+        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False), cpu)
     return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, layer),
                        [attn.o_proj.state, layer.mlp.state,
                         layer.post_attention_layernorm.state])(out, gate, x)
@@ -308,6 +329,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
+            if not layer.is_linear and shifted_offset(c) is not None:  # past an image
+                x = attention_layer(layer, x, fa_mask, c, cpu)
+                continue
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue
         if layer.is_linear:

@@ -36,6 +36,7 @@ from engine.server.common import (
     Backend, Generation, mtp_headers, mtp_stats, new_id, refuse_fields)
 from engine.server.constraints import ToolUse, constraint_of
 from engine.server.errors import bad_request
+from engine.server.images import anthropic_block
 from engine.server.openai_api import gen_request, read_json
 from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, decode_ids, prompt_opens_think
@@ -89,7 +90,9 @@ def _result_text(content, where: str) -> str:
 
 
 def _user(blocks: list[dict], where: str) -> list[dict]:
-    out, text = [], []
+    """A user turn's blocks: tool results, then one user message of its text and images
+    (``image`` blocks become placeholders decoded by ``engine.server.images``)."""
+    out, text, parts = [], [], []
     for j, b in enumerate(blocks):
         kind = b["type"]
         if kind == "tool_result":
@@ -97,10 +100,15 @@ def _user(blocks: list[dict], where: str) -> list[dict]:
                         "content": _result_text(b.get("content"), f"{where}.content[{j}].content")})
         elif kind == "text":
             text.append(_text(b, where))
+            parts.append({"type": "text", "text": text[-1]})
+        elif kind == "image":
+            parts.append(anthropic_block(b, f"{where}.content[{j}]"))
         else:
-            raise bad_request(f"{where}: {kind!r} blocks are not supported (text only)",
-                              "messages")
-    if text or not out:
+            raise bad_request(f"{where}: {kind!r} blocks are not supported (text and image "
+                              "only)", "messages")
+    if len(parts) != len(text):
+        out.append({"role": "user", "content": parts})
+    elif text or not out:
         out.append({"role": "user", "content": "".join(text)})
     return out
 
@@ -230,7 +238,7 @@ def thinking_flag(body: dict) -> bool | None:
 
 
 async def _prepare(backend: Backend, body: dict, *, thinking_off: bool = False):
-    messages = template_messages(body)
+    messages = await backend.decode_images(template_messages(body), "messages")
     tools = tool_use_of(body).tools
     thinking = False if thinking_off else thinking_flag(body)
 

@@ -55,6 +55,8 @@ class Backend:
     created: int = field(default_factory=lambda: int(time.time()))
     alias_prefixes: tuple[str, ...] = ("claude-", "gpt-", "default")
     accepting: bool = True      # False once the server drains: new generations get 503
+    # images in requests: limits, remote URLs (``engine.server.images.ImagePolicy``)
+    images: object = field(default_factory=lambda: _image_policy())
     # Prompt rendering runs here, off the event loop; the runner shuts it down on exit (a
     # daemon thread left inside the tokenizer at exit can abort the process).
     executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
@@ -74,6 +76,18 @@ class Backend:
         raise ApiError(404, f"The model {name!r} is not loaded. This server serves "
                             f"{self.model_id!r} (restart it with --model to serve another).",
                        param="model", code="model_not_found")
+
+    async def decode_images(self, messages: list[dict], param: str) -> list[dict]:
+        """``messages`` with their image parts decoded on a worker thread
+        (``engine.server.images.collect``: limits, remote URLs, a model without vision)."""
+        from engine.server import images
+
+        if not images.has_images(messages):
+            return messages
+        images.refuse_without_vision(self.info, param)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, images.collect, messages,
+                                          self.images, self.info, param)
 
     async def tokenize(self, fn):
         """``fn(model)`` on a worker thread, between cycles (see ``Scheduler.with_tokenizer``);
@@ -105,6 +119,12 @@ class Backend:
 
 
 # ---------------------------------------------------------------------- parameter checks
+
+def _image_policy():
+    from engine.server.images import ImagePolicy
+
+    return ImagePolicy()
+
 
 def number(body: dict, key: str, default, *, lo=None, hi=None, integer: bool = False,
            lo_open: bool = False):

@@ -49,6 +49,7 @@ from engine.server.common import (
     seed_of, stop_strings)
 from engine.server.constraints import ToolUse, constraint_of, max_calls_of, openai_tool_use
 from engine.server.errors import ApiError, bad_request
+from engine.server.images import openai_part
 from engine.server.reply_parts import ReplyParser, collect
 from engine.server.templates import chat_prompt_ids, prompt_opens_think, text_prompt_ids
 from engine.server.toolcalls import ToolArgs, ToolStart, schemas_of
@@ -107,22 +108,31 @@ async def read_json(request: Request) -> dict:
 
 # ---------------------------------------------------------------------- request -> template
 
-def _text_content(content, where: str) -> str:
+def _text_content(content, where: str, images: bool = False):
+    """A message's content as the template takes it: a string, or (``images``: a user turn
+    with ``image_url`` parts) a list of text parts and image placeholders
+    (``engine.server.images``)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
-        for p in content:
+        parts, mixed = [], []
+        for j, p in enumerate(content):
             if isinstance(p, dict) and p.get("type") in ("text", "input_text") and \
                     isinstance(p.get("text"), str):
                 parts.append(p["text"])
-            else:
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise bad_request(f"{where}: content parts of type {kind!r} are not supported "
-                                  "(text only)", "messages")
-        return "".join(parts)
+                mixed.append({"type": "text", "text": p["text"]})
+                continue
+            img = openai_part(p, f"{where}.content[{j}]") if isinstance(p, dict) else None
+            if img is not None and images:
+                mixed.append(img)
+                continue
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            only = "text and image_url" if images else "text only"
+            raise bad_request(f"{where}: content parts of type {kind!r} are not supported "
+                              f"({only})", "messages")
+        return mixed if len(mixed) != len(parts) else "".join(parts)
     raise bad_request(f"{where}: content must be a string or a list of text parts", "messages")
 
 
@@ -156,7 +166,8 @@ def template_messages(messages) -> list[dict]:
         if role not in ("system", "user", "assistant", "tool"):
             raise bad_request(f"{where}: role must be system, user, assistant or tool",
                               "messages")
-        msg = {"role": role, "content": _text_content(m.get("content"), where)}
+        msg = {"role": role, "content": _text_content(m.get("content"), where,
+                                                      images=role == "user")}
         if role == "assistant":
             if isinstance(m.get("reasoning_content"), str):
                 msg["reasoning_content"] = m["reasoning_content"]
@@ -233,7 +244,8 @@ def gen_request(backend: Backend, body: dict, ids: list[int], *, max_key: str = 
     if number(body, "n", 1, integer=True, lo=1) != 1:
         raise bad_request("n must be 1 (one choice per request)", "n")
     return GenRequest(
-        id=new_id("req_"), prompt_ids=tuple(ids), max_tokens=max_tokens or ctx,
+        id=new_id("req_"), prompt_ids=ids if getattr(ids, "images", None) else tuple(ids),
+        max_tokens=max_tokens or ctx,
         depth=backend.depth_for(body), sampling=sampling_from(body, max_temperature=max_temperature),
         seed=seed_of(body), stop_strings=stop_strings(body, stop_key))
 
@@ -272,6 +284,7 @@ async def chat_completions(request: Request):
     refuse_fields(body, CHAT_REFUSED)
     use = tool_use_of(body)
     tools = use.tools
+    messages = await backend.decode_images(messages, "messages")
     refuse_logprobs(body)
     # a forced call's grammar wins over response_format: the reply is the call, not an answer
     fmt = await use.constraint(backend, "tool_choice") or await constraint_of(backend, body)

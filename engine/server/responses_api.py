@@ -208,7 +208,7 @@ async def create(request: Request):
                             "text.format")
     thinking = False if fmt else thinking_flag(body, _reasoning(body).get("effort"),
                                                "reasoning.effort")
-    messages = plan.history
+    messages = await backend.decode_images(plan.history, "input")
     if body.get("instructions"):
         messages = [{"role": "system", "content": body["instructions"]}] + messages
 

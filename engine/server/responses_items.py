@@ -23,6 +23,7 @@ import json
 
 from engine.server.common import new_id
 from engine.server.errors import bad_request
+from engine.server.images import openai_part
 from engine.server.toolcalls import ToolArgs, ToolEnd, ToolStart
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -30,24 +31,31 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 
 # ---------------------------------------------------------------------- input
 
-def _parts_text(content, where: str) -> str:
+def _parts_text(content, where: str, images: bool = False):
+    """Text parts joined; with ``images`` (a user message) ``input_image`` parts become
+    image placeholders (``engine.server.images``) and the content a list of parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where}: content must be a string or a list of text parts", "input")
-    out = []
+    out, mixed = [], []
     for j, p in enumerate(content):
         kind = p.get("type") if isinstance(p, dict) else type(p).__name__
         if kind in TEXT_PARTS and isinstance(p.get("text"), str):
             out.append(p["text"])
+            mixed.append({"type": "text", "text": p["text"]})
         elif kind == "refusal" and isinstance(p.get("refusal"), str):
             out.append(p["refusal"])
+            mixed.append({"type": "text", "text": p["refusal"]})
+        elif images and kind == "input_image":
+            mixed.append(openai_part(p, f"{where}.content[{j}]"))
         else:
+            only = "text and input_image" if images else "text only"
             raise bad_request(f"{where}.content[{j}]: {kind!r} parts are not supported by this "
-                              "server (text only)", "input")
-    return "".join(out)
+                              f"server ({only})", "input")
+    return mixed if len(mixed) != len(out) else "".join(out)
 
 
 def _message(item: dict, where: str) -> dict:
@@ -56,7 +64,8 @@ def _message(item: dict, where: str) -> dict:
         role = "system"
     if role not in ("system", "user", "assistant"):
         raise bad_request(f"{where}: role must be user, assistant, system or developer", "input")
-    return {"role": role, "content": _parts_text(item.get("content"), where)}
+    return {"role": role, "content": _parts_text(item.get("content"), where,
+                                                 images=role == "user")}
 
 
 def _arguments(item: dict, where: str) -> dict:

@@ -108,7 +108,8 @@ class Server:
                  drain_s: float = 10.0, log_level: str = "warning",
                  shared: bool = False, perimeter: Perimeter | None = None,
                  max_connections: int = connections.DEFAULT_MAX_CONNECTIONS,
-                 header_timeout_s: float = connections.HEADER_TIMEOUT_S) -> None:
+                 header_timeout_s: float = connections.HEADER_TIMEOUT_S,
+                 images=None) -> None:
         if not is_loopback(host) and not api_key:
             raise ValueError(f"Refusing to serve on {host} without an API key: anyone who can "
                              "reach this address could use the model. Pass --api-key KEY or "
@@ -119,6 +120,8 @@ class Server:
         info = scheduler.wait_ready()
         self.backend = Backend(scheduler=scheduler, info=info, default_depth=default_depth,
                                api_key=api_key)
+        if images is not None:  # engine.server.images.ImagePolicy
+            self.backend.images = images
         self.perimeter = replace(perimeter or Perimeter(), loopback_hosts_only=is_loopback(host))
         self.app = build_app(self.backend, self.perimeter)
         self.max_connections = connections.connection_cap(max_connections,

@@ -95,8 +95,19 @@ def _written_out(messages: list[dict], tools: list[dict]) -> list[dict]:
 
 def chat_prompt_ids(model, messages: list[dict], *, tools: list[dict] | None = None,
                     enable_thinking: bool | None = None) -> list[int]:
-    """Prompt ids for a chat request; see the module docstring for the three paths."""
+    """Prompt ids for a chat request; see the module docstring for the three paths. A
+    request with images (decoded by ``engine.server.images``) renders through
+    ``chat_prompt`` (an ``ImagePrompt``); images with tools are refused for now."""
+    from engine.server.images import has_images
+
     uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if has_images(messages):
+        if uses_tools:
+            from engine.errors import GenerationError
+
+            raise GenerationError("images together with tools are not supported yet: send "
+                                  "the images without tools")
+        return model.chat_prompt(messages, enable_thinking=enable_thinking)
     if not uses_tools:
         return list(model.chat_ids(messages, enable_thinking=enable_thinking))
     if not template_knows_tools(model):

@@ -50,6 +50,7 @@ BOTH_BRANCHES = {
         "test_seeded_sampling_with_a_constraint_*",
     ),
     "test_distribution.py": ("test_every_draft_mode_follows_plain_distribution",),
+    "test_vision_parity.py": ("test_greedy_mtp_equals_plain_with_images",),
 }
 
 

@@ -4,12 +4,16 @@ the verify forward that captures every GDN step (``engine.models.trunk``).
 """
 from __future__ import annotations
 
+import logging
+
 from engine.errors import ModelLoadError
 from engine.models import trunk as trunk_ops
 from engine.models.build import (Built, apply_weights, is_raw_hf_layout, load_trunk, mtp_key,
                                  quantize_like, stack_per_expert)
-from engine.models.checkpoint import has_mtp
+from engine.models.checkpoint import has_mtp, is_vision
 from engine.models.families.base import Family
+
+log = logging.getLogger(__name__)
 
 
 class Qwen35(Family):
@@ -63,19 +67,47 @@ def build_qwen(cfg, weights: dict, fam: Qwen35 | None = None) -> Built:
     head's layer (Qwen3.5 by default; Qwen3-Next subclasses it)."""
     fam = fam or Qwen35(cfg.family)
     raw_layout = is_raw_hf_layout(weights)
-    weights = {mtp_key(k): v for k, v in weights.items()}
+    vision_raw = {k: v for k, v in weights.items() if is_vision(k)}
+    weights = {mtp_key(k): v for k, v in weights.items() if not is_vision(k)}
     mtp_raw = {k: v for k, v in weights.items() if k.startswith("mtp.")}
     trunk_raw = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
     if fam.stack_experts:
         trunk_raw = stack_per_expert(trunk_raw)
     trunk = fam.build_trunk(cfg)
     trunk_w = load_trunk(trunk, trunk_raw, cfg.quantization)
+    vision, notes = build_vision(cfg, vision_raw)
     if not mtp_raw:
         note = ("No mtp.* tensors: plain decoding only. Converters such as mlx_lm.convert "
                 "drop the MTP head; convert from the official Qwen repo to keep it.")
-        return Built(trunk, None, trunk_w, raw_layout, 0, (note,))
+        return Built(trunk, None, trunk_w, raw_layout, 0, (note,) + notes, vision)
     mtp, n_mtp = _build_mtp(cfg, mtp_raw, raw_layout, fam)
-    return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, ())
+    return Built(trunk, mtp, trunk_w, raw_layout, n_mtp, notes, vision)
+
+
+def build_vision(cfg, vision_raw: dict):
+    """The vision encoder (``engine.vision.encoder``) when the checkpoint has a vision config
+    and every tensor of it; (None, note) when the tensors are absent or partial (a text-only
+    conversion: the model reads text only); a ModelLoadError when they are there but do not
+    match the config."""
+    vcfg = cfg.raw.get("vision_config") if isinstance(cfg.raw, dict) else None
+    if not isinstance(vcfg, dict) or not vision_raw:
+        return None, ()
+    from mlx.utils import tree_flatten
+
+    from engine.vision.encoder import VisionEncoder
+
+    try:
+        enc = VisionEncoder(vcfg)
+    except (ValueError, TypeError, KeyError) as exc:
+        return None, (f"The vision encoder is not supported ({exc}): text only.",)
+    w = enc.sanitize(vision_raw)
+    names = {k for k, _ in tree_flatten(enc.parameters())}
+    if not names <= set(w):  # e.g. a stub kept by a text-only conversion: text only, as before
+        log.info("vision tensors incomplete (%d of %d): images off", len(names & set(w)),
+                 len(names))
+        return None, ()
+    apply_weights(enc, {k: w[k] for k in names}, "vision encoder")
+    return enc, ()
 
 
 def build_trunk(cfg):
