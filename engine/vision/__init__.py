@@ -1,6 +1,6 @@
 """Images in the engine (issue 32): Qwen3.5/3.6's vision encoder, its preprocessing and M-RoPE.
 
-The contract with the app (branch h/vision-app, which owns ``engine/vision/image_io.py``):
+The contract with the app (``engine/vision/image_io.py`` decodes the files both use):
 
 - ``engine.vision.image_io.decode_image(data: bytes, limits: ImageLimits | None = None)
   -> DecodedImage`` turns untrusted bytes into ``DecodedImage(pixels, digest)``: ``pixels``
