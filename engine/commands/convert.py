@@ -13,6 +13,8 @@ def add_arguments(p) -> None:
     p.add_argument("--bits", type=int, choices=(4, 8), default=None)
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    p.add_argument("--vision-bits", type=int, choices=(4, 8), default=None,
+                   help="quantize the vision encoder too (default: kept as published)")
 
 
 def run(args) -> int:
@@ -24,7 +26,7 @@ def run(args) -> int:
             print(f"[{frac * 100:5.1f}%] {msg}", file=sys.stderr)
 
     out = convert(args.src, args.dst, bits=args.bits, group_size=args.group_size,
-                  dtype=args.dtype, progress=progress)
+                  dtype=args.dtype, progress=progress, vision_bits=args.vision_bits)
     info = load(out).info
     result = {"dst": str(out), "bits": args.bits, "has_mtp": info.has_mtp,
               "bytes": info.bytes_on_disk, "layout": info.layout}

@@ -66,10 +66,13 @@ def _save_shards(weights: dict, out: Path) -> None:
         json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1))
 
 
-def check_options(bits: object, group_size: object, dtype: object = None) -> None:
+def check_options(bits: object, group_size: object, dtype: object = None,
+                  vision_bits: object = None) -> None:
     """Refuse bad options before any work, with the option named."""
     if bits is not None and (bits not in (4, 8) or isinstance(bits, bool)):
         raise ConversionError(f"--bits must be 4 or 8, not {bits!r}.")
+    if vision_bits is not None and (vision_bits not in (4, 8) or isinstance(vision_bits, bool)):
+        raise ConversionError(f"--vision-bits must be 4 or 8, not {vision_bits!r}.")
     if group_size not in GROUP_SIZES or isinstance(group_size, bool):
         raise ConversionError(f"--group-size must be one of {', '.join(map(str, GROUP_SIZES))}, "
                               f"not {group_size!r}.")
@@ -79,8 +82,10 @@ def check_options(bits: object, group_size: object, dtype: object = None) -> Non
 
 def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_size: int = 64,
             dtype: str | None = None, progress: Callable[[float, str], None] | None = None,
-            cancel: threading.Event | None = None) -> Path:
+            cancel: threading.Event | None = None, vision_bits: int | None = None) -> Path:
     """Convert ``src`` to MLX layout in ``dst``. ``bits``: None (no quantization), 4 or 8.
+    ``vision_bits``: quantize the vision encoder too (off by default: it is small beside the
+    trunk, and images then read exactly as the checkpoint does).
 
     The output is written into a fresh temporary folder beside ``dst`` that this call creates
     (and alone removes on failure), then renamed to ``dst``.
@@ -89,7 +94,7 @@ def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_
 
     report = progress or (lambda f, m: None)
     src, dst = Path(src), Path(dst)
-    check_options(bits, group_size, dtype)
+    check_options(bits, group_size, dtype, vision_bits)
     if dst.exists() or dst.is_symlink():
         raise ConversionError(f"{dst} already exists; choose another destination or delete it.")
     report(0.0, "loading")
@@ -101,9 +106,17 @@ def convert(src: str | Path, dst: str | Path, *, bits: int | None = None, group_
     if bits is not None:
         report(0.3, f"quantizing to {bits} bits")
         quant_cfg = _quantize(model, bits=bits, group_size=group_size)
+    extra = {}
+    if vision_bits is not None:
+        if model.vision is None:
+            raise ConversionError(f"--vision-bits: {src} has no vision encoder to quantize.")
+        from engine.vision.encoder import quantize
+
+        extra["vision_quantization"] = quantize(model.vision, bits=vision_bits,
+                                                group_size=group_size)
     _check_cancel(cancel)
     report(0.6, "writing")
-    _write(model, src, dst, quant_cfg, cancel)
+    _write(model, src, dst, quant_cfg, cancel, extra)
     report(1.0, "done")
     log.info("converted %s -> %s (bits=%s)", src, dst, bits)
     return dst
@@ -142,7 +155,7 @@ def _quantize(model, *, bits: int, group_size: int) -> dict:
 
 
 def _write(model, src: Path, dst: Path, quant_cfg: dict | None,
-           cancel: threading.Event | None) -> None:
+           cancel: threading.Event | None, extra: dict | None = None) -> None:
     """Write into a temp folder this call owns, beside ``dst``; rename it into place."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -152,7 +165,7 @@ def _write(model, src: Path, dst: Path, quant_cfg: dict | None,
     weights = dict(tree_flatten(model.trunk.parameters()))
     if model.mtp is not None:
         weights.update({f"mtp.{k}": v for k, v in tree_flatten(model.mtp.parameters())})
-    if model.vision is not None:  # kept as loaded (never quantized): images stay exact
+    if model.vision is not None:  # as loaded, or packed by --vision-bits
         from engine.vision.encoder import PREFIX
 
         weights.update({PREFIX + k: v for k, v in tree_flatten(model.vision.parameters())})
@@ -166,6 +179,8 @@ def _write(model, src: Path, dst: Path, quant_cfg: dict | None,
         config.pop("quantization_config", None)
         if quant_cfg:
             config["quantization"] = quant_cfg
+        config.pop("vision_quantization", None)
+        config.update(extra or {})
         config["mtpchat_converted_from"] = str(src)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         for name in COPY_FILES:

@@ -113,6 +113,17 @@ def vision_defaults(cfg: dict) -> dict:
     return out
 
 
+def quantize(enc: "VisionEncoder", *, bits: int, group_size: int) -> dict:
+    """Quantize the encoder's linear layers (attention, MLP, merger) in place; the patch
+    embedding and the position table stay float (the table is interpolated, not looked up).
+    The same choice at convert and at load: which layers fit the group size follows from
+    the config alone. Returns the config entry (``vision_quantization``)."""
+    nn.quantize(enc, group_size=group_size, bits=bits,
+                class_predicate=lambda _p, m: isinstance(m, nn.Linear)
+                and m.weight.shape[-1] % group_size == 0)
+    return {"group_size": group_size, "bits": bits}
+
+
 class VisionEncoder(nn.Module):
     """See the module docstring. ``__call__(patches, grids)``: the patch rows of one or more
     images (concatenated) and their (t, h, w) grids -> [tokens, out_hidden_size]."""

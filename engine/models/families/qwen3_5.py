@@ -100,6 +100,11 @@ def build_vision(cfg, vision_raw: dict):
         enc = VisionEncoder(vcfg)
     except (ValueError, TypeError, KeyError) as exc:
         return None, (f"The vision encoder is not supported ({exc}): text only.",)
+    vq = cfg.raw.get("vision_quantization")
+    if isinstance(vq, dict):  # `engine convert --vision-bits`: the layers it packed
+        from engine.vision.encoder import quantize
+
+        quantize(enc, bits=int(vq["bits"]), group_size=int(vq["group_size"]))
     w = enc.sanitize(vision_raw)
     names = {k for k, _ in tree_flatten(enc.parameters())}
     if not names <= set(w):  # e.g. a stub kept by a text-only conversion: text only, as before
