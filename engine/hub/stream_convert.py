@@ -110,9 +110,14 @@ class ShardConverter:
         return out
 
     def convert(self, weights: dict) -> dict:
-        """One shard's tensors that need no others (call :meth:`finish` for the rest)."""
+        """One shard's tensors that need no others (call :meth:`finish` for the rest). The
+        vision encoder's tensors (``model.visual.*``) pass through as published: the loader
+        reads them in either layout (``engine.vision.encoder``), and they stay float, as
+        ``engine convert`` keeps them by default."""
         now = {k: v for k, v in weights.items() if not _is_deferred(k)}
-        return self._quantize(self._trunk(now), self.quantizable, self.bits)
+        out = self._quantize(self._trunk(now), self.quantizable, self.bits)
+        out.update({k: v for k, v in now.items() if k.startswith("model.visual.")})
+        return out
 
     def finish(self, deferred: dict) -> tuple[dict, dict]:
         """(tensors, quantization config) for the deferred tensors of every shard."""
