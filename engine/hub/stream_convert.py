@@ -37,12 +37,16 @@ DEFERRED_SHARD = "model-deferred.safetensors"
 STREAMED_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # the renames below are Qwen3.5's
 
 
+VISION = "model.visual."
+
+
 def _is_deferred(key: str) -> bool:
-    """Tensors converted only at the end: the MTP head and per-expert MoE weights."""
+    """Tensors converted only at the end: the MTP head, per-expert MoE weights and the vision
+    encoder (kept only when it is whole, as the loader would load it)."""
     parts = key.split(".")
     per_expert = "experts" in parts and parts.index("experts") + 1 < len(parts) \
         and parts[parts.index("experts") + 1].isdigit()
-    return key.startswith("mtp.") or per_expert
+    return key.startswith(("mtp.", VISION)) or per_expert
 
 
 def _rename(key: str) -> str:
@@ -110,14 +114,9 @@ class ShardConverter:
         return out
 
     def convert(self, weights: dict) -> dict:
-        """One shard's tensors that need no others (call :meth:`finish` for the rest). The
-        vision encoder's tensors (``model.visual.*``) pass through as published: the loader
-        reads them in either layout (``engine.vision.encoder``), and they stay float, as
-        ``engine convert`` keeps them by default."""
+        """One shard's tensors that need no others (call :meth:`finish` for the rest)."""
         now = {k: v for k, v in weights.items() if not _is_deferred(k)}
-        out = self._quantize(self._trunk(now), self.quantizable, self.bits)
-        out.update({k: v for k, v in now.items() if k.startswith("model.visual.")})
-        return out
+        return self._quantize(self._trunk(now), self.quantizable, self.bits)
 
     def finish(self, deferred: dict) -> tuple[dict, dict]:
         """(tensors, quantization config) for the deferred tensors of every shard."""
@@ -127,7 +126,7 @@ class ShardConverter:
         from engine.models.mtp import MTPHead, sanitize_mtp
 
         trunk = stack_per_expert({_rename(k): v for k, v in deferred.items()
-                                  if not k.startswith("mtp.")})
+                                  if not k.startswith(("mtp.", VISION))})
         out = self._quantize(self._trunk(trunk), self.quantizable, self.bits)
         quant: dict = {"group_size": self.group_size, "bits": self.bits}
         mtp_raw = {k: v for k, v in deferred.items() if k.startswith("mtp.")}
@@ -142,7 +141,19 @@ class ShardConverter:
             for k in mtp:
                 if k.endswith(".scales"):
                     quant[k[: -len(".scales")]] = {"group_size": self.group_size, "bits": hbits}
+        out.update(self._vision({k: v for k, v in deferred.items() if k.startswith(VISION)}))
         return out, quant
+
+    def _vision(self, tensors: dict) -> dict:
+        """The vision encoder's tensors as published (float, as ``engine convert`` keeps
+        them by default) when the loader would build the encoder from them; none when they
+        are absent or a partial stub (``engine.models.families.qwen3_5.build_vision``)."""
+        if not tensors:
+            return {}
+        from engine.models.families.qwen3_5 import build_vision
+
+        encoder, _notes = build_vision(self.cfg, tensors)
+        return tensors if encoder is not None else {}
 
 
 def _save(path: Path, tensors: dict) -> None:
