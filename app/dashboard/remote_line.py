@@ -55,13 +55,23 @@ class RemoteLine(QLabel):
         self.setVisible(bool(text))
 
 
+LOCAL_ONLY = "The tuner and the exactness check run on a model loaded here"
+
+
 def show_remote(dash, info: ModelInfo | None, summary: ReplySummary | None) -> None:
     """Point ``dash`` (a ``DashboardWindow``) at a served model's figures; no-op when local."""
     dash.remote.show_summary(info, summary)
     if info is None or not is_remote(info.path):
         dash.acceptance.empty_text = "No drafts yet"
+        for button in (dash.tune_button, dash.verify_button):
+            if button.toolTip().startswith(LOCAL_ONLY):  # back from a served model
+                button.setToolTip("")
+                button.setEnabled(True)
         return
     host = urlsplit(parse_remote_path(info.path)[0]).netloc
+    for button in (dash.tune_button, dash.verify_button):  # they measure the engine here
+        button.setEnabled(False)
+        button.setToolTip(f"{LOCAL_ONLY}; this one is served by {host}.")
     kind = "MTP Chat server" if info.has_mtp else "OpenAI-compatible server"
     dash.model_label.set_texts(f"{info.name} · served by {host} ({kind})",
                                f"{info.name} · {host}", info.name)

@@ -100,6 +100,9 @@ def test_mtp_server_reply_streams_into_the_chat_and_feeds_the_dashboard(qtbot, w
     dash.refresh()
     assert "(MTP Chat)" in dash.remote.text() and "tok/s" in dash.remote.text()
     assert "acceptance" in dash.remote.text() or "no drafts" in dash.remote.text()
+    # the tuner and the exactness check measure the engine here, not the server's
+    assert not dash.tune_button.isEnabled() and not dash.verify_button.isEnabled()
+    assert host in dash.tune_button.toolTip()
 
 
 def test_rates_alone_still_give_the_servers_rates():
