@@ -33,7 +33,7 @@ TOP = [
     "PySide6-Essentials==6.11.3", "PySide6-Addons==6.11.3", "shiboken6==6.11.3",
     "huggingface-hub==2.4.0", "platformdirs==4.14.8", "psutil==7.2.2",
     "pygments==2.21.0", "pillow==13.0.0", "pypdf==7.1.1", "starlette==1.10.0",
-    "uvicorn==0.55.0", "llguidance==1.9.1", "mcp==2.3.0",
+    "uvicorn==0.55.0", "llguidance==1.9.1", "mcp==2.3.0", "httpx==0.29.0",
     "pyinstaller==6.22.3", "pyinstaller-hooks-contrib==2026.9",
 ]
 

@@ -94,6 +94,6 @@ class ClusterPlan:
 
 
 def default_hostfile() -> Path:
-    from app.paths import data_dir
+    from engine.paths import app_dir
 
-    return data_dir() / "cluster" / "hosts.json"
+    return app_dir("data", create=False) / "cluster" / "hosts.json"  # made when written

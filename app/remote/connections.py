@@ -167,7 +167,7 @@ class ConnectionStore:
         if path is None:
             from app.paths import config_dir
 
-            path = config_dir() / FILE_NAME
+            path = config_dir(create=False) / FILE_NAME  # a read-only home still starts
         self.path = Path(path)
 
     def load(self) -> list[Connection]:
@@ -182,6 +182,7 @@ class ConnectionStore:
             return []
 
     def save(self, conns: list[Connection]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the keys are secrets
         with os.fdopen(fd, "w", encoding="utf-8") as f:
