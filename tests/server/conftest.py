@@ -51,7 +51,11 @@ def start_serve(tmp: Path, *args: str, timeout: float = 90, preexec_fn=None,
         time.sleep(0.05)
     if not lines:
         proc.kill()
-        raise RuntimeError(f"serve did not start: {proc.stderr.read()[-2000:]}")
+        err = proc.stderr.read()[-2000:]
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+        raise RuntimeError(f"serve did not start: {err}")
     info = json.loads(lines[0])
     server = ServerProcess(proc, info["url"], info["model"])
     threading.Thread(target=lambda: server.stderr.extend(proc.stderr), daemon=True).start()
