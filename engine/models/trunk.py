@@ -244,8 +244,8 @@ def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) ->
     k, v = cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     if not cpu or not _dense(layer):
-        return mlp_block(layer, _attn_out(layer, out, gate, x, mlp=False), cpu)
-    return compiled_on(layer, "_mtpchat_attn_out", functools.partial(_attn_out, layer),
+        return mlp_block(layer, attention_out(layer, out, gate, x, mlp=False), cpu)
+    return compiled_on(layer, "_mtpchat_attn_out", functools.partial(attention_out, layer),
                        [attn.o_proj.state, layer.mlp.state,
                         layer.post_attention_layernorm.state])(out, gate, x)
 
@@ -254,20 +254,28 @@ def _dense(layer) -> bool:
     return hasattr(layer.mlp, "gate_proj")
 
 
-def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
-    """mlx-lm's attention up to the cache update: queries and keys (normed, rotated),
-    values, the output gate."""
+def attention_inputs(layer, x: mx.array) -> tuple[mx.array, ...]:
+    """mlx-lm's attention up to the rotation: queries and keys (normed, [B, heads, L, D],
+    not yet rotated), values, the output gate [B, L, heads * D]. The caller rotates
+    (``_attn_in``: RoPE at an offset; ``engine.vision.prefill``: M-RoPE positions)."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     B, L, _ = h.shape
     q, gate = mx.split(attn.q_proj(h).reshape(B, L, attn.num_attention_heads, -1), 2, axis=-1)
     k = attn.k_norm(attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1))
     v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    q = attn.rope(attn.q_norm(q).transpose(0, 2, 1, 3), offset=offset)
-    return q, attn.rope(k.transpose(0, 2, 1, 3), offset=offset), v, gate.reshape(B, L, -1)
+    return (attn.q_norm(q).transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v,
+            gate.reshape(B, L, -1))
 
 
-def _attn_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,
+def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
+    """``attention_inputs`` with queries and keys rotated at ``offset``."""
+    rope = layer.self_attn.rope
+    q, k, v, gate = attention_inputs(layer, x)
+    return rope(q, offset=offset), rope(k, offset=offset), v, gate
+
+
+def attention_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,
               mlp: bool = True) -> mx.array:
     """The attention's output through its gate and ``o_proj``, plus ``x``; with ``mlp`` the
     layer's second half on top."""

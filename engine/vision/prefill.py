@@ -24,6 +24,7 @@ import numpy as np
 from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
 
+from engine.models import trunk as trunk_ops
 from engine.vision.positions import MRoPE, prompt_positions
 
 
@@ -69,18 +70,11 @@ def attention_at(layer, x: mx.array, mask, cache, rope: MRoPE, cos, sin) -> mx.a
     """A gated full-attention decoder layer (mlx-lm's Qwen3.5 operations) rotating at explicit
     positions (``cos``/``sin`` from ``MRoPE.tables``)."""
     attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    B, L, _ = h.shape
-    q, gate = mx.split(attn.q_proj(h).reshape(B, L, attn.num_attention_heads, -1), 2, axis=-1)
-    k = attn.k_norm(attn.k_proj(h).reshape(B, L, attn.num_key_value_heads, -1))
-    v = attn.v_proj(h).reshape(B, L, attn.num_key_value_heads, -1).transpose(0, 2, 1, 3)
-    q = rope.apply(attn.q_norm(q).transpose(0, 2, 1, 3), cos, sin)
-    k = rope.apply(k.transpose(0, 2, 1, 3), cos, sin)
+    q, k, v, gate = trunk_ops.attention_inputs(layer, x)
+    q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
     k, v = cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
-    out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
-    h = x + attn.o_proj(out * mx.sigmoid(gate.reshape(B, L, -1)))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    return trunk_ops.attention_out(layer, out, gate, x)
 
 
 def trunk_at(model, embeds: mx.array, positions, cache: list) -> mx.array:
