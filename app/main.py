@@ -67,6 +67,16 @@ def _startup_failed(exc: BaseException) -> None:
     os._exit(1)
 
 
+def run() -> int:
+    """The process entry (``python -m app``, ``mtpchat``): the app runs MLX only, so an
+    installed torch stays out of it (engine/torchless.py). Not in :func:`main`, which tests
+    call in a process that also runs torch references."""
+    from engine.torchless import keep_torch_out
+
+    keep_torch_out()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from app.logging_setup import install_qt_message_handler, setup_logging

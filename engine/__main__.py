@@ -1,3 +1,3 @@
-from engine.cli import main
+from engine.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

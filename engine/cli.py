@@ -67,6 +67,21 @@ def fail(message: object, *, as_json: bool = False, kind: str = "error") -> int:
     return USAGE_ERROR
 
 
+# verbs that may run PyTorch: training, and the benchmarks' peers (mlx-vlm's processors)
+_TORCH_VERBS = frozenset({"train-demo", "bench"})
+
+
+def run() -> int:
+    """The process entry (``python -m engine``, ``mtpchat-engine``): an installed torch stays
+    out of every verb that runs MLX only (before the parser: building it imports mlx-lm).
+    Not in :func:`main`, which tests call in a process that also runs torch references."""
+    if not _TORCH_VERBS & set(sys.argv[1:]):
+        from engine.torchless import keep_torch_out
+
+        keep_torch_out()
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine.errors import EngineError
 
