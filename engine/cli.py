@@ -75,7 +75,8 @@ def run() -> int:
     """The process entry (``python -m engine``, ``mtpchat-engine``): an installed torch stays
     out of every verb that runs MLX only (before the parser: building it imports mlx-lm).
     Not in :func:`main`, which tests call in a process that also runs torch references."""
-    if not _TORCH_VERBS & set(sys.argv[1:]):
+    verb = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if verb not in _TORCH_VERBS:
         from engine.torchless import keep_torch_out
 
         keep_torch_out()

@@ -25,6 +25,14 @@ def _torch_mapped(pid: int) -> list[str]:
     return sorted({line.split()[-1] for line in maps.splitlines() if "/torch/" in line})
 
 
+def _python(code: str) -> list[str]:
+    """What a fresh interpreter running ``code`` in the checkout prints, split on whitespace."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
 def test_served_model_never_maps_torch(shared_demo_server):
     body = json.dumps({"model": shared_demo_server.model, "max_tokens": 8, "temperature": 0,
                        "messages": [{"role": "user", "content": "What does os.path.join do?"}]})
@@ -52,16 +60,12 @@ def test_engine_entry_keeps_torch_out_but_training_may_use_it():
 def test_app_entry_keeps_torch_out():
     code = ("import sys\nimport app.main as m\nm.main = lambda: 0\nm.run()\n"
             "from engine.models import model\nimport engine\n"
-            "model.load(engine.default_model_path())\nprint('TORCH', 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    assert "TORCH False" in out.stdout, out.stderr[-2000:]
+            "model.load(engine.default_model_path())\nprint('torch' in sys.modules)\n")
+    assert _python(code)[-1] == "False"
 
 
 def test_too_late_once_torch_is_imported():
     code = ("import torch, sys\nfrom engine.torchless import keep_torch_out\n"
             "print(keep_torch_out())\nimport transformers.utils.import_utils as iu\n"
             "print(iu.is_torch_available())\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+    assert _python(code) == ["False", "True"]
