@@ -11,8 +11,11 @@ the last) of each, and their ratios (goals: TTFT <= 1.2x mlx-lm's, decode >= 1.5
 The assistant turns are fixed text (not the model's replies), so both servers see the same
 conversation and the prompt grows the same way: ``--turns`` turns, each tool result about
 ``--result-words`` words, ``--reply-tokens`` tokens generated per turn.
-Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700`` (~32k tokens
-on the demo would need its context raised; it stops at the model's context).
+``--depth`` fixes this engine's depth (default auto), ``--plain`` also runs every turn at
+depth 0 (from the prompt cache the compared turn left) and prints the speed-up, ``--context``
+runs on a copy of the model whose config allows that many positions (the demo's says 8192).
+Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700 --context 40000
+--depth 3 --plain`` (~32k tokens at the last turn on the demo).
 """
 from __future__ import annotations
 
@@ -80,16 +83,19 @@ def conversation(turns: int, words: int) -> list[list[dict]]:
     return out
 
 
-def turn(url: str, messages: list[dict], tokens: int, model: str | None,
+def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=None,
          ) -> tuple[float, float, int]:
     """(ttft_s, decode tok/s, prompt tokens or 0) of one streamed greedy turn (the
-    completion tokens from the final ``usage``/``mtp`` stats where the server sends them)."""
+    completion tokens from the final ``usage``/``mtp`` stats where the server sends them).
+    ``depth``: this engine's ``mtp.depth`` (None: the server's default)."""
     import httpx
 
     body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
+    if depth is not None:
+        body["mtp"] = {"depth": depth}
     t0 = time.perf_counter()
     first = last = 0.0
     n, prompt, done = 0, 0, 0
@@ -113,6 +119,31 @@ def turn(url: str, messages: list[dict], tokens: int, model: str | None,
     return (first - t0 if first else 0.0), rate, prompt
 
 
+def with_context(model: str, context: int, into: Path) -> str:
+    """A copy of ``model``'s folder whose config allows ``context`` positions (a model
+    trained on short chats, like the demo, still runs at any length: the speed is what is
+    measured, not the answers)."""
+    import shutil
+
+    src = Path(model)
+    into.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy2(f, into / f.name)
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    for part in (cfg, cfg.get("text_config") or {}):
+        if "max_position_embeddings" in part:
+            part["max_position_embeddings"] = max(part["max_position_embeddings"], context)
+    (into / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    tok_cfg = into / "tokenizer_config.json"
+    if tok_cfg.exists():
+        t = json.loads(tok_cfg.read_text(encoding="utf-8"))
+        if isinstance(t.get("model_max_length"), int):
+            t["model_max_length"] = max(t["model_max_length"], context)
+            tok_cfg.write_text(json.dumps(t, indent=1), encoding="utf-8")
+    return str(into)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.agent_session",
                                 description=__doc__.split("\n")[0])
@@ -120,28 +151,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=30)
     p.add_argument("--result-words", type=int, default=120)
     p.add_argument("--reply-tokens", type=int, default=32)
+    p.add_argument("--depth", default="auto",
+                   help="this engine's depth for the compared turn (auto or 0..6)")
+    p.add_argument("--plain", action="store_true",
+                   help="also run each turn at depth 0 on this engine (after the compared "
+                        "turn, from its prompt cache) and print the speed-up")
+    p.add_argument("--context", type=int, default=0,
+                   help="run on a copy of the model allowing this many positions")
+    p.add_argument("--skip-mlx-lm", action="store_true")
     args = p.parse_args(argv)
+    import tempfile
+
     import engine
 
+    depth = args.depth if args.depth == "auto" else int(args.depth)
     model = args.model or str(engine.default_model_path())
+    tmp = tempfile.TemporaryDirectory(prefix="agent-session-")
+    if args.context:
+        model = with_context(model, args.context, Path(tmp.name) / "model")
     ours, url = start_server(model, True)
-    theirs, their_url = start_mlx_lm(model)
-    print("turn  prompt  TTFT ms (engine / mlx-lm = ratio)   decode tok/s (engine / mlx-lm "
-          "= ratio)", flush=True)
+    theirs, their_url = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
+    print(f"engine depth {depth}; TTFT ms and decode tok/s per turn; ratios engine / mlx-lm"
+          + ("; speed-up: engine / its own depth 0" if args.plain else ""), flush=True)
+    print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio"
+          + ("   depth 0  speed-up" if args.plain else ""), flush=True)
     try:
         for t, msgs in enumerate(conversation(args.turns, args.result_words), 1):
-            order = [(url, None), (their_url, model)]
+            order = [(url, None, depth)] + ([] if theirs is None else [(their_url, model, None)])
             res = {}
-            for u, m in (order if t % 2 else order[::-1]):
-                res[u] = turn(u, msgs, args.reply_tokens, m)
-            (a_ttft, a_rate, n), (b_ttft, b_rate, _) = res[url], res[their_url]
-            print(f"{t:4d} {n:7d}  {a_ttft * 1e3:7.0f} / {b_ttft * 1e3:7.0f} = "
-                  f"{a_ttft / b_ttft if b_ttft else 0:5.2f}   {a_rate:7.1f} / {b_rate:7.1f} = "
-                  f"{a_rate / b_rate if b_rate else 0:5.2f}", flush=True)
+            for u, m, d in (order if t % 2 else order[::-1]):
+                res[u] = turn(u, msgs, args.reply_tokens, m, d)
+            a_ttft, a_rate, n = res[url]
+            b_ttft, b_rate, _ = res.get(their_url, (0.0, 0.0, 0))
+            line = (f"{t:4d} {n:7d}   {a_ttft * 1e3:11.0f} {b_ttft * 1e3:7.0f} "
+                    f"{a_ttft / b_ttft if b_ttft else 0:6.2f}   {a_rate:13.1f} {b_rate:7.1f} "
+                    f"{a_rate / b_rate if b_rate else 0:6.2f}")
+            if args.plain:
+                plain = turn(url, msgs, args.reply_tokens, None, 0)[1]
+                line += f"   {plain:7.1f}  {a_rate / plain if plain else 0:8.2f}"
+            print(line, flush=True)
     finally:
         stop_server(ours)
-        theirs.terminate()
-        theirs.wait(30)
+        if theirs is not None:
+            theirs.terminate()
+            theirs.wait(30)
+        tmp.cleanup()
     return 0
 
 

@@ -35,6 +35,8 @@ class Carryover:
     suffixes: tuple[tuple[int, ...], ...] | None = None  # the generation prompts' tokens
     # batch size -> {depth: cycle seconds}, measured by the warm-up (``engine.core.warmup``)
     cost_hints: dict[int, dict[int, float]] = field(default_factory=dict)
+    # conditional acceptance by draft position, seen by the warm-up's greedy cycles
+    acceptance_hint: list[float] = field(default_factory=list)
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -119,20 +121,28 @@ class Carryover:
         self.controllers[rows] = c
         return c
 
-    def hint_costs(self, costs: dict[int, dict[int, float]]) -> None:
-        """Cycle seconds by depth for batch sizes (the warm-up's timed cycles): a controller
-        made later for such a size starts from them instead of timing every depth itself
-        (one already learning keeps its own)."""
+    def hint(self, costs: dict[int, dict[int, float]],
+             acceptance: list[float] | None = None) -> None:
+        """Cycle seconds by depth for batch sizes and conditional acceptance by draft
+        position (the warm-up's greedy cycles): a controller made later starts from them
+        instead of timing every depth itself and from a generic acceptance prior (one
+        already learning keeps its own)."""
         for rows, by_depth in costs.items():
             self.cost_hints[int(rows)] = {int(d): float(t) for d, t in by_depth.items()}
+        if acceptance:
+            self.acceptance_hint = [float(a) for a in acceptance]
 
     def _hinted(self, initial: dict | None, rows: int, *, keep: bool) -> dict | None:
         """``initial`` with this batch size's hinted costs (``keep``: only where ``initial``
-        gives fewer than two costs of its own, e.g. no saved tuning)."""
+        gives fewer than two costs of its own, e.g. no saved tuning) and the hinted
+        acceptance where ``initial`` gives none."""
+        out = dict(initial or {})
         hint = self.cost_hints.get(rows)
-        if not hint or len(hint) < 2 or (keep and len((initial or {}).get("cost") or {}) >= 2):
-            return initial
-        return {**(initial or {}), "cost": {str(d): t for d, t in hint.items()}}
+        if hint and len(hint) >= 2 and not (keep and len(out.get("cost") or {}) >= 2):
+            out["cost"] = {str(d): t for d, t in hint.items()}
+        if self.acceptance_hint and not out.get("acceptance"):
+            out["acceptance"] = list(self.acceptance_hint)
+        return out if out else initial
 
 
 def _generation_suffixes(model) -> tuple[tuple[int, ...], ...]:

@@ -12,10 +12,14 @@ Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
   grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
   for two cycles (the first compiles, the second is timed).
-- The timed cycles of the greedy units are handed to the model's shared carryover
-  (``Carryover.hint_costs``) when the warm-up ends: a depth controller made afterwards for a
-  batch size starts from what a cycle at each depth costs at that size, so a fresh process's
-  batches choose their depth without a warm-up schedule of their own, as a warm one's do.
+- The timed cycles of the greedy units, and the acceptance by draft position their rows
+  saw, are handed to the model's shared carryover (``Carryover.hint``) after each greedy
+  unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
+  from what a cycle at each depth costs at that size and from this model's acceptance, so a
+  fresh process's batches choose their depth without a warm-up schedule of their own, as a
+  warm one's do. (Without the acceptance a fresh controller's prior, 0.6 falling by
+  position, chose depth 1-2 for the demo's first 4-stream burst: 1.5-2.0 tokens a cycle
+  against 2.6-3.9 in the bursts after.)
 - ``step()`` runs ONE decoder step (at most one prefill chunk of a few tokens and one cycle)
   and returns whether more remain: the host calls it only while no request waits, so a request
   never waits for more than one warm-up cycle, and never for the whole warm-up.
@@ -44,7 +48,10 @@ log = logging.getLogger(__name__)
 ENV = "MTP_WARMUP"
 # the depths ``depth="auto"`` visits first, then the rest of its range (auto tries 0..4)
 DEFAULT_DEPTHS = (3, 2, 1, 0, 4)
-PROMPT = "def main():\n    items = [1, 2, 3]\n    for"
+PROMPT = "def main():\n    items = [1, 2, 3]\n    for"  # for a model without a chat template
+# A chat model's warm-up decodes a chat turn, so the acceptance it sees is a chat reply's
+# (the demo accepted 5 % of its drafts on ``PROMPT``, which is not what it is asked).
+QUESTION = "What does Python's built-in sorted function do? Give a short example."
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -73,13 +80,15 @@ class WarmUp:
         self.started_at: float | None = None
         self.seconds = 0.0
         self._carry = Carryover()
-        self._ids = list(model.tokenizer.encode(PROMPT))
+        self._ids = _prompt_ids(model)
         self._cancel = threading.Event()
         self._unit = 0
         self._dec = None
         self._covered: set[int] = set()
         self._cycles: dict[int, int] = {}
         self.costs: dict[int, dict[int, float]] = {}  # rows -> depth -> seconds (greedy units)
+        # per draft position: [times reached, times accepted] over the greedy units' rows
+        self.tally: list[list[int]] = [[0, 0] for _ in range(max(depths, default=0))]
         self._steps = 0
         self.finished = not self.units
 
@@ -121,8 +130,10 @@ class WarmUp:
         dec.admit_step()
         rows = len(dec.active)
         t0 = time.perf_counter()
-        dec.cycle_step()
+        events = dec.cycle_step()
         seconds = time.perf_counter() - t0
+        if params.temperature == 0 and depth > 0:
+            self._count(events)
         self._steps += 1
         before = len(self._covered)
         if rows:
@@ -137,10 +148,41 @@ class WarmUp:
         if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
+            if params.temperature == 0 and not self._cancel.is_set():
+                self._hint()  # the first unit (depth 3) already tells a burst what to choose
             self._unit += 1
             if self._unit >= len(self.units):
                 return self._stop()
         return True
+
+    def _count(self, events) -> None:
+        """Tally which draft positions the rows reached and accepted in a cycle."""
+        for _, ev in events or ():
+            st = getattr(ev, "stats", None)
+            if st is None or not st.drafted:
+                continue
+            for i in range(min(len(st.drafted), len(self.tally))):
+                if i > st.accepted:
+                    break
+                self.tally[i][0] += 1
+                self.tally[i][1] += i < st.accepted
+
+    def acceptance(self, min_reached: int = 4) -> list[float]:
+        """Conditional acceptance by draft position seen in the greedy units (positions
+        reached fewer than ``min_reached`` times, and those after them, left out)."""
+        out = []
+        for reached, accepted in self.tally:
+            if reached < min_reached:
+                break
+            out.append(accepted / reached)
+        return out
+
+    def _hint(self) -> None:
+        """Hand what was measured so far to the model's shared carryover (see the module
+        docstring): controllers made from now on start from it."""
+        from engine.core.carryover import carryover_of
+
+        carryover_of(self.model).hint(self.costs, self.acceptance())
 
     def _end_unit(self) -> None:
         if self._dec is not None:
@@ -151,10 +193,8 @@ class WarmUp:
         self._end_unit()
         self.finished = True
         self._carry.reset_prompt_cache()
-        if self.costs and not self._cancel.is_set():
-            from engine.core.carryover import carryover_of
-
-            carryover_of(self.model).hint_costs(self.costs)
+        if (self.costs or self.acceptance()) and not self._cancel.is_set():
+            self._hint()
         try:
             import mlx.core as mx
 
@@ -174,6 +214,15 @@ class WarmUp:
                 self.on_progress(self.done, self.total)
             except Exception:  # noqa: BLE001 - a broken listener must not stop the worker
                 log.exception("warm-up progress listener failed")
+
+
+def _prompt_ids(model) -> list[int]:
+    """``QUESTION`` through the model's chat template (thinking off), else ``PROMPT``."""
+    try:
+        return list(model.chat_ids([{"role": "user", "content": QUESTION}],
+                                   enable_thinking=False))
+    except Exception:  # noqa: BLE001 - no template, or a broken one: raw text
+        return list(model.tokenizer.encode(PROMPT))
 
 
 def for_model(model, *, max_streams: int,

@@ -12,7 +12,7 @@ from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
 from mlx_lm.models.qwen3_5 import gather_last_axis
 
-from engine.models import device
+from engine.models import device, gdn_chunked
 
 # The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
 # what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
@@ -112,12 +112,26 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
     after every step. Same math as mlx-lm's layer; the recurrence runs one step at a time.
     ``project`` maps the layer's input to (q|k|v, z, b, a) (``split_projections``)."""
     B, S, _ = x.shape
+    conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project)
+    n_keep = gdn.conv_kernel_size - 1
+    convs = [conv_input[:, j + 1: j + 1 + n_keep, :] for j in range(S)]
+    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
+    out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
+    cache[0], cache[1] = convs[-1], states[-1]
+    return _gdn_out(gdn, out, z), GDNCapture(conv=convs, state=states)
+
+
+def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None) -> tuple[mx.array, ...]:
+    """(conv input, q, k, v, z, b, a) of a GatedDeltaNet over ``x`` [B, S, D]: mlx-lm's
+    projections, causal conv (after ``conv_state``, zeros when None; ``conv``: instead of the
+    layer's ``conv1d``) and q/k normalisation."""
+    B, S, _ = x.shape
     qkv, z, b, a = project(gdn, x)
     n_keep = gdn.conv_kernel_size - 1
-    conv_state = cache[0] if cache[0] is not None else mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
+    if conv_state is None:
+        conv_state = mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    convs = [conv_input[:, j + 1: j + 1 + n_keep, :] for j in range(S)]
-    conv_out = nn.silu(gdn.conv1d(conv_input))
+    conv_out = nn.silu((conv or gdn.conv1d)(conv_input))
     q, k, v = [
         t.reshape(B, S, h, d)
         for t, h, d in zip(
@@ -127,14 +141,31 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
         )
     ]
     q, k = normalize_qk(q, k, inv_scale=gdn.head_k_dim ** -0.5, eps=1e-6)
-    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
-    out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
-    cache[0], cache[1] = convs[-1], states[-1]
+    return conv_input, q, k, v, z, b, a
+
+
+def _gdn_out(gdn, out: mx.array, z: mx.array) -> mx.array:
+    """The gated norm and output projection (summed over ranks under tensor parallelism)."""
+    B, S = out.shape[:2]
     out = gdn.out_proj(gdn.norm(out, z).reshape(B, S, -1))
     group = getattr(gdn, "sharding_group", None)  # tensor parallel: this rank's heads' part
     if group is not None:
         out = mx.distributed.all_sum(out, group=group)
-    return out, GDNCapture(conv=convs, state=states)
+    return out
+
+
+def gdn_prefill(gdn, x: mx.array, cache, project=split_projections) -> mx.array:
+    """A GatedDeltaNet over a prompt chunk ``x`` [B, S, D] with its recurrence in chunks
+    (``gdn_chunked``; mlx-lm's layer runs it one token at a time off Metal); leaves the cache
+    as mlx-lm's layer does (the last conv window, the final state)."""
+    conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project,
+                                               functools.partial(gdn_chunked.depthwise_conv,
+                                                                 gdn.conv1d))
+    out, state = gdn_chunked.chunked_gated_delta(
+        q, k, v, gdn_chunked.log_decay(gdn.A_log, a, gdn.dt_bias), mx.sigmoid(b), cache[1])
+    cache[0] = mx.contiguous(conv_input[:, -(gdn.conv_kernel_size - 1):, :])
+    cache[1] = state
+    return _gdn_out(gdn, out, z)
 
 
 def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
@@ -307,6 +338,18 @@ def linear_layer(layer, x: mx.array, cache, cpu: bool | None = None,
     return _compiled_captured(layer, "_mtpchat_layer", whole, x, cache)
 
 
+# A prompt chunk of at least this many tokens runs its GDN recurrence in chunks on the CPU
+# branch (``gdn_prefill``); shorter ones (a few tokens after a prompt-cache hit) step.
+CHUNKED_PREFILL_MIN = 8
+
+
+def linear_prefill(layer, x: mx.array, cache, cpu: bool | None = None,
+                   project=split_projections) -> mx.array:
+    """mlx-lm's GDN decoder layer over a prompt chunk, its recurrence chunked (``gdn_prefill``)."""
+    h = x + gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project)
+    return mlp_block(layer, h, cpu)
+
+
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
                    project=split_projections) -> tuple[mx.array, dict[int, GDNCapture]]:
     """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
@@ -316,7 +359,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     ``capture`` or one token per row (a decode step), each layer runs as mlx-lm's decoder
     layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
-    layers unchanged. The device branch (engine/models/device.py) is read once, here.
+    layers unchanged, but for its GDN recurrence on the CPU branch, which runs in chunks
+    (``linear_prefill``, from ``CHUNKED_PREFILL_MIN`` tokens, rows without padding). The
+    device branch (engine/models/device.py) is read once, here.
     ``project``: the GDN layers' input projections (``split_projections``: Qwen3.5's).
 
     Split across machines by mlx-lm (``engine.distributed.family``): tensor parallel needs
@@ -334,11 +379,15 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     if rank < size - 1:  # mlx-lm's order: the last rank runs the first layers
         x = mx.distributed.recv_like(x, rank + 1)
     fused = capture or inputs.shape[1] == 1
+    chunked = cpu and not capture and inputs.shape[1] >= CHUNKED_PREFILL_MIN
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
             if not layer.is_linear and shifted_offset(c) is not None:  # past an image
                 x = attention_layer(layer, x, fa_mask, c, cpu)
+                continue
+            if layer.is_linear and chunked and ssm_mask is None:
+                x = linear_prefill(layer, x, c, cpu, project)
                 continue
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue

@@ -55,8 +55,18 @@ def test_warmup_compiles_every_row_count_ahead(tiny_model):
         fresh = carry.controller(tiny_model, 2)
         assert fresh.warmup == 0 and fresh.state()["cost"]
         del carry.controllers[2]
+        # ... and the acceptance its rows saw, by draft position, replaces the generic prior
+        reached = [r for r, _ in w.tally]
+        assert reached[0] > 0 and all(0 <= a <= r for r, a in w.tally)
+        assert reached == sorted(reached, reverse=True)  # a position is reached after the one before
+        hint = carry.acceptance_hint
+        assert hint and hint == w.acceptance() and all(0.0 <= a <= 1.0 for a in hint)
+        fresh = carry.controller(tiny_model, 2)
+        assert fresh._acc.priors[:len(hint)] == hint
+        del carry.controllers[2]
     finally:
         carry.cost_hints.clear()
+        carry.acceptance_hint.clear()
     assert list(carry.prompt_cache.snapshots) == cached
     assert not w.step()  # finished: nothing more
 
@@ -108,3 +118,4 @@ def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
     finally:
         sched.stop()
         carryover_of(tiny_model).cost_hints.clear()
+        carryover_of(tiny_model).acceptance_hint.clear()
