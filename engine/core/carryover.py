@@ -45,7 +45,9 @@ class Carryover:
         disk = diskcache.from_env(
             info.path, info.dtype, model.make_cache(),
             model.mtp.make_cache() if model.mtp is not None else None)
-        return cls(disk_cache=disk)
+        carry = cls(disk_cache=disk)
+        carry.hint(*_saved_hint(info))
+        return carry
 
     def reset_prompt_cache(self) -> None:
         self.prompt_cache = PromptCache()
@@ -161,6 +163,20 @@ def _generation_suffixes(model) -> tuple[tuple[int, ...], ...]:
         if full[:len(bare)] == bare and len(full) > len(bare):
             out.add(tuple(full[len(bare):]))
     return tuple(sorted(out, key=len, reverse=True))
+
+
+def _saved_hint(info) -> tuple[dict[int, dict[int, float]], list[float]]:
+    """(costs, acceptance) an earlier warm-up of this model measured on this machine
+    (``store.write_warm_hint``); empty when none was saved or it cannot be read."""
+    try:
+        hint = store.read_warm_hint(info.path, info.dtype) or {}
+        costs = {int(r): {int(d): float(t) for d, t in by.items() if float(t) > 0}
+                 for r, by in (hint.get("cost") or {}).items()}
+        acceptance = [min(max(float(a), 0.0), 1.0) for a in hint.get("acceptance") or []]
+        return costs, acceptance
+    except Exception:  # noqa: BLE001 - a missing or corrupt file only costs the first replies
+        log.debug("no saved warm-up hint for %s", info.path, exc_info=True)
+        return {}, []
 
 
 def _tuned(model) -> dict | None:

@@ -17,7 +17,9 @@ Contract:
   unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
   from what a cycle at each depth costs at that size and from this model's acceptance, so a
   fresh process's batches choose their depth without a warm-up schedule of their own, as a
-  warm one's do. (Without the acceptance a fresh controller's prior, 0.6 falling by
+  warm one's do. The figures are also kept per model, dtype and machine
+  (``store.write_warm_hint``), and the next process's carryover starts from them before its
+  own warm-up has run (a burst at the instant a server listens). (Without the acceptance a fresh controller's prior, 0.6 falling by
   position, chose depth 1-2 for the demo's first 4-stream burst: 1.5-2.0 tokens a cycle
   against 2.6-3.9 in the bursts after.)
 - ``step()`` runs ONE decoder step (at most one prefill chunk of a few tokens and one cycle)
@@ -142,17 +144,20 @@ class WarmUp:
                 self._covered.add(rows)
                 if params.temperature == 0:
                     self.costs.setdefault(rows, {})[depth] = seconds
-        if len(self._covered) > before:
+        covered = len(self._covered) > before
+        if covered:
             self.done += 1
-            self._report()
         if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
             if params.temperature == 0 and not self._cancel.is_set():
                 self._hint()  # the first unit (depth 3) already tells a burst what to choose
+                self._save()
             self._unit += 1
             if self._unit >= len(self.units):
-                return self._stop()
+                return self._stop()  # its report (done == total) comes once finished is set
+        if covered:
+            self._report()
         return True
 
     def _count(self, events) -> None:
@@ -183,6 +188,27 @@ class WarmUp:
         from engine.core.carryover import carryover_of
 
         carryover_of(self.model).hint(self.costs, self.acceptance())
+
+    def _save(self) -> None:
+        """Keep the figures for the next process (``store.write_warm_hint``), merged into
+        what an earlier process kept (a warm-up cut short by requests or a shutdown still
+        adds what it measured); never fails."""
+        try:
+            from engine.hub import store
+
+            info = self.model.info
+            old = store.read_warm_hint(info.path, info.dtype) or {}
+            cost = {str(r): dict(by) for r, by in (old.get("cost") or {}).items()
+                    if isinstance(by, dict)}
+            for r, by in self.costs.items():
+                cost.setdefault(str(r), {}).update({str(d): t for d, t in by.items()})
+            acceptance = self.acceptance()
+            if len(acceptance) < len(old.get("acceptance") or []):
+                acceptance = old["acceptance"]
+            store.write_warm_hint(info.path, info.dtype,
+                                  {"cost": cost, "acceptance": acceptance})
+        except Exception:  # noqa: BLE001 - a read-only data dir only costs the next start
+            log.debug("could not keep the warm-up's figures", exc_info=True)
 
     def _end_unit(self) -> None:
         if self._dec is not None:

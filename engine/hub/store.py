@@ -58,7 +58,8 @@ dir_size = folder_size  # the name app/ uses
 
 __all__ = ["InstalledModel", "Store", "data_dir", "default_root", "dir_size", "last_used",
            "mark_used", "model_name", "read_tuned", "read_tuned_depth", "resolve_model",
-           "set_store_root", "store_root", "write_json_atomic", "write_tuned", "APP_NAME"]
+           "read_warm_hint", "set_store_root", "store_root", "write_json_atomic", "write_tuned",
+           "write_warm_hint", "APP_NAME"]
 
 
 # ----------------------------------------------------------------------------- locations
@@ -173,6 +174,30 @@ def read_tuned_depth(model_dir: str | Path, *, machine: str | None = None) -> in
     result = read_tuned(model_dir, machine=machine) or {}
     depth = result.get("best_depth", result.get("depth"))
     return int(depth) if isinstance(depth, (int, float)) and not isinstance(depth, bool) else None
+
+
+def write_warm_hint(model_dir: str | Path, dtype: str, hint: dict, *,
+                    machine: str | None = None) -> None:
+    """Keep what a model's warm-up measured on this machine (``engine.core.warmup``: cycle
+    seconds by batch size and depth, acceptance by draft position), so the next process's
+    depth controllers start from it before its own warm-up has run."""
+    entry = {"hint": hint, "written_at": time.time()}
+    mkey = f"{machine or machine_key()}|{dtype}"
+
+    def upd(d: dict) -> dict:
+        per_model = d.get(_key(model_dir)) or {}
+        per_model[mkey] = entry
+        d[_key(model_dir)] = per_model
+        return d
+    _update_json(data_dir() / "warmup.json", upd)
+
+
+def read_warm_hint(model_dir: str | Path, dtype: str, *,
+                   machine: str | None = None) -> dict | None:
+    per_model = _read_json(data_dir() / "warmup.json").get(_key(model_dir)) or {}
+    entry = per_model.get(f"{machine or machine_key()}|{dtype}")
+    hint = entry.get("hint") if isinstance(entry, dict) else None
+    return hint if isinstance(hint, dict) else None
 
 
 # ----------------------------------------------------------------------------- the store

@@ -19,6 +19,10 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(autouse=True)
 def warmup_on(monkeypatch):
     monkeypatch.setenv(warmup.ENV, "1")  # tests/conftest.py turns it off for the others
+    yield
+    from engine.paths import data_dir
+
+    (data_dir() / "warmup.json").unlink(missing_ok=True)  # what a warm-up kept stays here
 
 
 def _compiled_shapes(model) -> set[tuple[int, int]]:
@@ -117,5 +121,40 @@ def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
         assert sched.status()["warmup"]["finished"] is True
     finally:
         sched.stop()
+        carryover_of(tiny_model).cost_hints.clear()
+        carryover_of(tiny_model).acceptance_hint.clear()
+
+
+def test_the_next_process_starts_from_the_figures_a_warm_up_kept(tiny_model):
+    """What a warm-up measured is kept per model, dtype and machine, merged into what an
+    earlier one kept; a new carryover (the next process) starts from it; a corrupt file
+    only means no hint."""
+    from engine.core.carryover import Carryover
+    from engine.hub import store
+    from engine.paths import data_dir
+
+    info = tiny_model.info
+    path = data_dir() / "warmup.json"
+    path.unlink(missing_ok=True)
+    store.write_warm_hint(info.path, info.dtype, {"cost": {"7": {"1": 0.5}},
+                                                   "acceptance": [0.1]})
+    w = warmup.WarmUp(tiny_model, max_streams=2, depths=(2, 1), samplings=(warmup.GREEDY,))
+    try:
+        while w.step():
+            pass
+        kept = store.read_warm_hint(info.path, info.dtype)
+        assert kept["acceptance"] == w.acceptance() and len(w.acceptance()) >= 1
+        assert kept["cost"]["7"] == {"1": 0.5}  # an earlier process's figure stays
+        assert set(kept["cost"]["2"]) == {"1", "2"}
+        assert store.read_warm_hint(info.path, "bfloat16" if info.dtype != "bfloat16"
+                                    else "float32") is None
+        fresh = Carryover.for_model(tiny_model)
+        assert fresh.acceptance_hint == w.acceptance()
+        assert set(fresh.cost_hints) == {1, 2, 7} and fresh.cost_hints[7] == {1: 0.5}
+        path.write_text("{not json", encoding="utf-8")
+        broken = Carryover.for_model(tiny_model)
+        assert broken.acceptance_hint == [] and broken.cost_hints == {}
+    finally:
+        path.unlink(missing_ok=True)
         carryover_of(tiny_model).cost_hints.clear()
         carryover_of(tiny_model).acceptance_hint.clear()
