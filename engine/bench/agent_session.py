@@ -84,10 +84,10 @@ def conversation(turns: int, words: int) -> list[list[dict]]:
 
 
 def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=None,
-         ) -> tuple[float, float, int]:
-    """(ttft_s, decode tok/s, prompt tokens or 0) of one streamed greedy turn (the
-    completion tokens from the final ``usage``/``mtp`` stats where the server sends them).
-    ``depth``: this engine's ``mtp.depth`` (None: the server's default)."""
+         ) -> tuple[float, float, int, float]:
+    """(ttft_s, decode tok/s, prompt tokens or 0, tokens per cycle or 0) of one streamed
+    greedy turn (the completion tokens from the final ``usage``/``mtp`` stats where the
+    server sends them). ``depth``: this engine's ``mtp.depth`` (None: the server's default)."""
     import httpx
 
     body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
@@ -98,7 +98,7 @@ def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=N
         body["mtp"] = {"depth": depth}
     t0 = time.perf_counter()
     first = last = 0.0
-    n, prompt, done = 0, 0, 0
+    n, prompt, done, per_cycle = 0, 0, 0, 0.0
     with httpx.Client(timeout=600) as c, c.stream("POST", url + "/v1/chat/completions",
                                                   json=body) as r:
         for line in r.iter_lines():
@@ -108,6 +108,7 @@ def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=N
             usage = obj.get("usage") or obj.get("mtp") or {}
             prompt = usage.get("prompt_tokens") or prompt
             done = usage.get("completion_tokens") or done
+            per_cycle = (obj.get("mtp") or {}).get("tokens_per_cycle") or per_cycle
             delta = ((obj.get("choices") or [{}])[0].get("delta") or {})
             if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
                 now = time.perf_counter()
@@ -116,7 +117,7 @@ def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=N
                 n += 1  # chunks (this engine sends a cycle's tokens in one)
     n = done or n  # tokens, where the server says
     rate = (n - 1) / (last - first) if n > 1 and last > first else 0.0
-    return (first - t0 if first else 0.0), rate, prompt
+    return (first - t0 if first else 0.0), rate, prompt, per_cycle
 
 
 def with_context(model: str, context: int, into: Path) -> str:
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     theirs, their_url = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
     print(f"engine depth {depth}; TTFT ms and decode tok/s per turn; ratios engine / mlx-lm"
           + ("; speed-up: engine / its own depth 0" if args.plain else ""), flush=True)
-    print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio"
+    print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio  tok/cyc"
           + ("   depth 0  speed-up" if args.plain else ""), flush=True)
     try:
         for t, msgs in enumerate(conversation(args.turns, args.result_words), 1):
@@ -181,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             res = {}
             for u, m, d in (order if t % 2 else order[::-1]):
                 res[u] = turn(u, msgs, args.reply_tokens, m, d)
-            a_ttft, a_rate, n = res[url]
-            b_ttft, b_rate, _ = res.get(their_url, (0.0, 0.0, 0))
+            a_ttft, a_rate, n, per_cycle = res[url]
+            b_ttft, b_rate, _, _ = res.get(their_url, (0.0, 0.0, 0, 0.0))
             line = (f"{t:4d} {n:7d}   {a_ttft * 1e3:11.0f} {b_ttft * 1e3:7.0f} "
                     f"{a_ttft / b_ttft if b_ttft else 0:6.2f}   {a_rate:13.1f} {b_rate:7.1f} "
-                    f"{a_rate / b_rate if b_rate else 0:6.2f}")
+                    f"{a_rate / b_rate if b_rate else 0:6.2f}  {per_cycle:7.2f}")
             if args.plain:
                 plain = turn(url, msgs, args.reply_tokens, None, 0)[1]
                 line += f"   {plain:7.1f}  {a_rate / plain if plain else 0:8.2f}"

@@ -173,14 +173,14 @@ class Batch:
                 mx.concatenate([p.hidden, self.last_hidden[b, -1:]])
             hs.append(_pad_rows(h, width))
             toks.append(p.tokens + [x0s[b]] + [0] * (width - widths[b]))
+        last = mx.array([w - 1 for w in widths], dtype=mx.int32)
         out = self.model.mtp(mx.stack(hs), embed(mx.array(toks, dtype=mx.int32)),
-                             self.mtp_cache)
+                             self.mtp_cache, at=last)
         for c in self.mtp_cache:
             c.trim_rows([width - w for w in widths])
         self.pending = [Pending() for _ in self.pending]
         self._spec_mtp = 0
-        last = mx.array([w - 1 for w in widths], dtype=mx.int32)
-        return mx.take_along_axis(out, last[:, None, None], axis=1)
+        return out
 
     def mtp_next(self, out: mx.array, tokens: mx.array) -> mx.array:
         """One more draft step for every row: the head on its own output and the token drafted

@@ -7,8 +7,9 @@ call, and again by ``reload_env()``), else ``"cpu"`` when ``mx.default_device()`
 (``forward_hidden``, ``MTPHead.__call__``) and pass it down; their per-layer functions read it
 themselves only when called on their own (tests). Nothing else in the engine depends on it.
 
-What differs, and only in the forwards that capture (a verify) or run one token per row (a
-decode step); a prefill chunk runs mlx-lm's decoder layers unchanged on both branches:
+What differs, in the forwards that capture (a verify) or run one token per row (a decode
+step), and in a prefill chunk's GDN recurrence; the rest of a prefill chunk runs mlx-lm's
+decoder layers unchanged on both branches:
 
 ======================  ==========================================  ==========================
 code                    ``"cpu"``                                   ``"metal"``
@@ -26,12 +27,18 @@ GDN recurrence          gates (``compute_g``, ``sigmoid(b)``) once  mlx-lm's
 (``_recurrence_steps``) for all S tokens, q/k repeated to the       ``gated_delta_update`` one
                         value heads once, then mlx-lm's             token at a time
                         ``_gated_delta_step_ops`` per token         (``use_kernel=True``)
+GDN recurrence of a     ``gdn_chunked``: 32 tokens at a time        mlx-lm's layer (its kernel,
+prompt chunk (>= 8      (WY form), the depthwise conv as four       or its ops one token at a
+tokens, no padding)     multiply-adds; equal to rounding            time)
 attention decoder layer ``trunk.attention_layer``: norm,            mlx-lm's attention call
 (trunk and MTP head)    projections, q/k norms, RoPE as one         and the MLP half as mlx-lm
                         compiled function (``_mtpchat_attn_in``),   runs them, uncompiled
-                        cache update + SDPA as mlx-lm runs them,
-                        then gate, ``o_proj``, residual and a
-                        dense MLP compiled (``_mtpchat_attn_out``)
+                        cache update as mlx-lm runs it, attention
+                        with the query heads folded onto their
+                        key/value heads (``cpu_attention``; equal
+                        to rounding), then gate, ``o_proj``,
+                        residual and a dense MLP compiled
+                        (``_mtpchat_attn_out``)
 MLP half alone          compiled per layer (``_mtpchat_mlp``)       uncompiled
 MTP ``fc`` input        two norms, concat, ``fc`` compiled          uncompiled
                         (``head._mtpchat_fc``)
@@ -42,8 +49,9 @@ Metal is available (and the key head dim is a multiple of 32); anywhere else -- 
 MLX GPU without Metal -- it falls back by itself to ``gated_delta_ops``, the same
 ``_gated_delta_step_ops`` the CPU branch calls, with the gates computed per token. So on a CPU
 ``"metal"`` runs the non-CPU code path with ops instead of the kernel, and gives the CPU
-branch's results (bit for bit on the test models, tests/engine/models/test_device_branch.py): the
-exactness tests run on both branches there (tests/engine/conftest.py). Forcing ``"cpu"`` on a
+branch's results (the GDN parts bit for bit, the attention to float rounding, on the test
+models, tests/engine/models/test_device_branch.py): the exactness tests run on both branches
+there (tests/engine/conftest.py). Forcing ``"cpu"`` on a
 GPU runs the compiled functions on the GPU; they are traced on the device in use when first
 called, so switch devices only before a model's first forward.
 

@@ -46,14 +46,19 @@ class MTPHead(nn.Module):
         self.layers = [layer(args) for _ in range(num_layers)]
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
 
-    def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list[KVCache]) -> mx.array:
-        """hidden, token_embeds: [B, S, H] -> normed MTP hidden [B, S, H]. The device branch
-        (engine/models/device.py) is read once, here."""
+    def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list[KVCache],
+                 at: mx.array | None = None) -> mx.array:
+        """hidden, token_embeds: [B, S, H] -> normed MTP hidden [B, S, H]; with ``at`` [B]
+        only position ``at[b]`` of each row [B, 1, H] (every pair still enters the cache; a
+        one-layer head then runs its attention and MLP for that position alone:
+        ``trunk.attention_layer``). The device branch (engine/models/device.py) is read once,
+        here."""
         cpu = device.is_cpu()
         z = self._fc(hidden, token_embeds, cpu)
         mask = create_attention_mask(z, cache[0])
-        for layer, c in zip(self.layers, cache):  # mlx-lm's DecoderLayer, compiled in parts
-            z = attention_layer(layer, z, mask, c, cpu)
+        last = len(self.layers) - 1
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):  # mlx-lm's layers, in parts
+            z = attention_layer(layer, z, mask, c, cpu, at=at if i == last else None)
         return self.norm(z)
 
     def _fc(self, hidden: mx.array, token_embeds: mx.array, cpu: bool | None = None,

@@ -12,7 +12,7 @@ from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
 from mlx_lm.models.qwen3_5 import gather_last_axis
 
-from engine.models import device, gdn_chunked
+from engine.models import cpu_attention, device, gdn_chunked
 
 # The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
 # what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
@@ -247,23 +247,32 @@ def shifted_offset(cache):
     return mx.array(cache.offset + delta, dtype=mx.int32)
 
 
-def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) -> mx.array:
+def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None,
+                    at: mx.array | None = None) -> mx.array:
     """A full-attention decoder layer, ``h + mlp(post_attention_layernorm(h))`` with
     ``h = x + self_attn(input_layernorm(x))``, with mlx-lm's operations. On the CPU branch
     (``cpu``: as the forward read it; None: read the switch) the norm,
     the projections, the q/k norms and RoPE run as one ``mx.compile``d function (the RoPE
     offset passed as an array: the same values as an int offset, tested), then the cache
-    update and the attention itself as mlx-lm runs them (their shapes grow with the context,
-    so they are not compiled), then the output gate, ``o_proj``, the residual and (a dense
+    update as mlx-lm runs it and the attention with the query heads folded onto their
+    key/value heads (``cpu_attention``; mlx-lm's call elsewhere and for a quantized cache;
+    their shapes grow with the context, so they are not compiled), then the output gate, ``o_proj``, the residual and (a dense
     MLP) the layer's second half as another compiled function. A cache shifted by M-RoPE
     (``shifted_offset``) runs these same parts on every device, rotating at the shifted
-    offset (uncompiled off the CPU branch)."""
+    offset (uncompiled off the CPU branch).
+
+    ``at`` [B]: only that position's output is wanted in each row ([B, 1, H] returned): every
+    position's keys and values still enter the cache, but the attention, the gate, ``o_proj``
+    and the MLP run for that position alone (an MTP step 1 runs the pairs committed since the
+    last draft ahead of the pair it drafts from; their outputs were computed and dropped,
+    one query row each over the whole context)."""
     attn = layer.self_attn
     cpu = _cpu(cpu)
     shifted = None if cache is None else shifted_offset(cache)
     if (not cpu and shifted is None) or cache is None or \
             not isinstance(attn.rope, nn.RoPE) or not hasattr(attn, "q_norm"):
-        return mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache), cpu)
+        out = mlp_block(layer, x + attn(layer.input_layernorm(x), mask, cache), cpu)
+        return out if at is None else mx.take_along_axis(out, at[:, None, None], axis=1)
     offset = cache.offset if shifted is None else shifted
     if isinstance(offset, int):
         offset = mx.array(offset, dtype=mx.int32)
@@ -273,12 +282,32 @@ def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None) ->
     else:
         q, k, v, gate = _attn_in(layer, x, offset)
     k, v = cache.update_and_fetch(k, v)
-    out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+    if at is not None:
+        q, gate, x, mask = _rows_at(q, gate, x, mask, at, k.shape[2])
+    if cpu and not hasattr(cache, "bits"):
+        out = cpu_attention.attention(q, k, v, scale=attn.scale, mask=mask)
+    else:
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     if not cpu or not _dense(layer):
         return mlp_block(layer, attention_out(layer, out, gate, x, mlp=False), cpu)
     return compiled_on(layer, "_mtpchat_attn_out", functools.partial(attention_out, layer),
                        [attn.o_proj.state, layer.mlp.state,
                         layer.post_attention_layernorm.state])(out, gate, x)
+
+
+def _rows_at(q, gate, x, mask, at: mx.array, keys: int) -> tuple:
+    """The query, gate and residual of position ``at[b]`` in each row, and its mask row
+    (what that query saw among ``keys`` key positions in the whole forward)."""
+    L = x.shape[1]
+    q = mx.take_along_axis(q, at[:, None, None, None], axis=2)
+    gate = mx.take_along_axis(gate, at[:, None, None], axis=1)
+    x = mx.take_along_axis(x, at[:, None, None], axis=1)
+    if isinstance(mask, mx.array):
+        idx = mx.broadcast_to(at[:, None, None, None], (*mask.shape[:2], 1, 1))
+        mask = mx.take_along_axis(mask, idx, axis=2)
+    elif isinstance(mask, str) or L > 1:  # causal: query j sees keys up to keys - L + j
+        mask = (mx.arange(keys)[None] <= (keys - L + at)[:, None])[:, None, None, :]
+    return q, gate, x, mask
 
 
 def _dense(layer) -> bool:

@@ -65,9 +65,14 @@ def test_warmup_compiles_every_row_count_ahead(tiny_model):
         assert reached == sorted(reached, reverse=True)  # a position is reached after the one before
         hint = carry.acceptance_hint
         assert hint and hint == w.acceptance() and all(0.0 <= a <= 1.0 for a in hint)
-        fresh = carry.controller(tiny_model, 2)
-        assert fresh._acc.priors[:len(hint)] == hint
-        del carry.controllers[2]
+        saved = dict(carry.controllers)  # a size with no other controller to start from
+        carry.controllers.clear()
+        try:
+            fresh = carry.controller(tiny_model, 2)
+            assert fresh._acc.priors[:len(hint)] == hint
+        finally:
+            carry.controllers.clear()
+            carry.controllers.update(saved)
     finally:
         carry.cost_hints.clear()
         carry.acceptance_hint.clear()

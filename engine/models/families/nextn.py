@@ -57,12 +57,15 @@ class NextNHead(nn.Module):
         self._kv_shapes = kv_shapes
         self._mask_array = mask_array
 
-    def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list) -> mx.array:
+    def __call__(self, hidden: mx.array, token_embeds: mx.array, cache: list,
+                 at: mx.array | None = None) -> mx.array:
         """hidden, token_embeds: [B, S, H] -> the layer's output [B, S, H] before
-        ``shared_head.norm`` (what depth > 1 recurses on)."""
+        ``shared_head.norm`` (what depth > 1 recurses on); with ``at`` [B] only position
+        ``at[b]`` of each row [B, 1, H] (the layer runs as mlx-lm's, every position)."""
         z = self.eh_proj(mx.concatenate([self.enorm(token_embeds), self.hnorm(hidden)], -1))
         mask = create_attention_mask(z, cache[0], return_array=self._mask_array)
-        return self.layers[0](z, mask, cache[0])
+        out = self.layers[0](z, mask, cache[0])
+        return out if at is None else mx.take_along_axis(out, at[:, None, None], axis=1)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache()]

@@ -367,8 +367,8 @@ def test_fused_gdn_capture_sees_new_weights(tiny_model):
         ref, _ = trunk._gdn_capture(gdn, x, [c[0], c[1]])
     finally:
         gdn.out_proj.weight = old
-    assert np.array_equal(np.array(after), np.array(ref))
-    assert not np.array_equal(np.array(after), np.array(before))
+    np.testing.assert_allclose(np.array(after), np.array(ref), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.array(after), np.array(before), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("which", ["dense", "moe", "dense-bf16"])
@@ -406,7 +406,8 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
 def test_compiled_attention_layer_sees_new_weights(tiny_model):
     """A full-attention layer, compiled in two parts around its cache update, uses weights
     changed in place after it was compiled (here ``q_proj``'s, ``o_proj``'s and the MLP's),
-    and equals mlx-lm's layer bit for bit with them."""
+    and equals mlx-lm's layer with them (to float rounding: the CPU branch's attention folds
+    the query heads onto their key/value heads, engine/models/cpu_attention.py)."""
     from mlx_lm.models.cache import KVCache
 
     from engine.models import trunk
@@ -433,8 +434,8 @@ def test_compiled_attention_layer_sees_new_weights(tiny_model):
     finally:
         attn.q_proj.weight, attn.o_proj.weight, mlp.down_proj.weight = old
     assert "_mtpchat_attn_in" in layer.__dict__ and "_mtpchat_attn_out" in layer.__dict__
-    assert np.array_equal(np.array(after), np.array(ref))
-    assert not np.array_equal(np.array(after), np.array(before))
+    np.testing.assert_allclose(np.array(after), np.array(ref), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.array(after), np.array(before), rtol=1e-3, atol=1e-3)
 
 
 def test_compiled_linear_layer_is_mlx_lms_and_sees_new_weights(tiny_model):
@@ -498,8 +499,8 @@ def test_compiled_mlp_half_sees_new_weights(tiny_model):
     finally:
         layer.mlp.down_proj.weight = old
     assert layer.__dict__.get("_mtpchat_mlp") is not None, "the compiled path did not run"
-    assert np.array_equal(np.array(after), np.array(ref))
-    assert not np.array_equal(np.array(after), np.array(before))
+    np.testing.assert_allclose(np.array(after), np.array(ref), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(np.array(after), np.array(before), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,5 +1,5 @@
 """The device branch switch (engine/models/device.py): one place picks the code the trunk and
-MTP forwards run, and both branches give the same results (bit for bit on a CPU)."""
+MTP forwards run, and both branches give the same results (within float rounding on a CPU)."""
 from __future__ import annotations
 
 import os
@@ -19,8 +19,11 @@ ON_CPU = mx.default_device() == mx.cpu
 
 def _same(a: mx.array, b: mx.array, what: str) -> None:
     a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
-    if ON_CPU:  # the "metal" branch on a CPU is the ops path: the same arithmetic
-        assert np.array_equal(a, b), f"{what}: max diff {np.abs(a - b).max():.3g}"
+    if ON_CPU:  # the "metal" branch on a CPU is the ops path: the same arithmetic, except
+        # the CPU branch's attention folds the query heads onto their KV heads (another
+        # summation order: float rounding, tests/engine/models/test_cpu_attention.py)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(b).max()),
+                                   err_msg=what)
     else:       # on a GPU it is mlx-lm's kernel: float rounding apart
         np.testing.assert_allclose(a, b, atol=2e-3 * max(1.0, np.abs(b).max()), err_msg=what)
 
@@ -160,7 +163,8 @@ def _verify_forwards(model, rows: int) -> list[mx.array]:
 def test_branches_give_the_same_verify_and_mtp_forwards(tiny_model, dtype, rows, monkeypatch):
     """The code that differs per branch for a verify and the MTP head. The CPU branch's
     prefill runs its recurrence in chunks (tests/engine/models/test_gdn_chunked.py: equal up
-    to rounding); here both prefill step by step, so what follows must be bit for bit."""
+    to rounding); here both prefill step by step, so what follows differs only by the folded
+    attention's summation order."""
     monkeypatch.setattr(trunk, "CHUNKED_PREFILL_MIN", 10 ** 9)
     model = tiny_model if dtype == "float32" else engine.load(tiny_model.info.path, dtype=dtype)
     with device.use_branch("cpu"):
