@@ -24,6 +24,7 @@ committed pair except ``pending`` ones.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -56,6 +57,32 @@ class BatchVerified:
     captures: dict
 
 
+DRAFT_WINDOW = 4096
+WINDOW_ENV = "MTPCHAT_DRAFT_WINDOW"
+
+
+def draft_window() -> int | None:
+    """How many positions back the MTP head's draft steps attend (``RowKVCache.window``):
+    ``$MTPCHAT_DRAFT_WINDOW`` (0: the whole context), else ``DRAFT_WINDOW``.
+
+    A draft step is one query row over the whole context, so at 16k tokens the demo's three
+    steps cost half what its four-row verify does (docs/benchmarks.md). A draft
+    only proposes: what the verify keeps is exact whatever the head saw, so the window trades
+    nothing but acceptance far back, and each row's window is its own (a row drafts the same
+    alone as in any batch). A window longer than the context changes nothing."""
+    raw = os.environ.get(WINDOW_ENV, "").strip()
+    if not raw:
+        return DRAFT_WINDOW
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{WINDOW_ENV} must be a whole number of positions (0: the whole "
+                         f"context), not {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"{WINDOW_ENV} must be 0 or more, not {n}")
+    return n or None
+
+
 class Batch:
     """See the module docstring. Rows are indexed 0..B-1 in join order (``leave`` keeps the
     order of the others)."""
@@ -65,7 +92,9 @@ class Batch:
         self.use_mtp = use_mtp and model.mtp is not None
         self.trunk_cache = [RowKVCache() if isinstance(c, KVCache) else ArraysCache(len(c.cache))
                             for c in model.make_cache()]
-        self.mtp_cache = [RowKVCache() for _ in model.mtp.make_cache()] if self.use_mtp else None
+        window = draft_window()
+        self.mtp_cache = [RowKVCache(window=window) for _ in model.mtp.make_cache()] \
+            if self.use_mtp else None
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
         self.tracked: list[bool] = []  # rows whose MTP cache is kept in step (see ``join``)

@@ -7,7 +7,9 @@ lengths[b] + S - 1``. Positions past a row's length hold stale values that its m
 (``make_mask``) and its next write overwrites, so trimming a row (a rejected draft) is only a
 change of its length: no data moves. It speaks mlx-lm's cache protocol (``offset`` for RoPE,
 ``update_and_fetch``, ``make_mask``), so mlx-lm's attention layers and this project's MTP head
-run on it unchanged.
+run on it unchanged. With a ``window`` (the MTP head's draft steps:
+``batch_caches.draft_window``) each query sees only its own row's last ``window`` positions,
+and ``update_and_fetch`` returns the keys from the first position any row still sees.
 
 The Gated DeltaNet layers keep mlx-lm's ``ArraysCache`` ([conv window, recurrent state], one
 row per stream): their state is per row already, and its own ``extend`` / ``filter`` /
@@ -29,9 +31,13 @@ class RowKVCache:
     """See the module docstring. ``lengths`` is known on the host (a list of ints)."""
 
     def __init__(self, keys: mx.array | None = None, values: mx.array | None = None,
-                 lengths: list[int] | None = None) -> None:
+                 lengths: list[int] | None = None, *, window: int | None = None) -> None:
         self.keys, self.values = keys, values
         self.lengths: list[int] = list(lengths or [])
+        # the query at position p attends to positions p - window + 1 .. p only (None: all)
+        if window is not None and window < 1:
+            raise ValueError(f"an attention window must be at least 1 position, not {window}")
+        self.window = window
         # each row's M-RoPE shift past its images (``engine.models.trunk.shifted_offset``)
         self.rope_delta: list[int] = [0] * len(self.lengths)
 
@@ -41,21 +47,43 @@ class RowKVCache:
         """Each row's first new position [B] (RoPE offsets)."""
         return mx.array(self.lengths, dtype=mx.int32)
 
+    def _start(self, n: int) -> int:
+        """The first buffer position any query of the next ``n`` tokens sees: 0, or with a
+        ``window`` the earliest first position of a row's window (the keys before it are
+        seen by no row, so ``update_and_fetch`` leaves them out)."""
+        if self.window is None or not self.lengths:
+            return 0
+        return max(0, min(self.lengths) - self.window + 1)
+
+    def _windowed(self, n: int) -> bool:
+        """Whether the window hides any key a causal mask would show to one of the next
+        ``n`` queries (the last query of the longest row sees the most)."""
+        return self.window is not None and bool(self.lengths) and \
+            max(self.lengths) + n > self.window
+
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
-        """[B, 1, n, T] bool: query j of row b sees positions ``<= lengths[b] + j``; T is what
-        ``update_and_fetch`` will return. None when every row has the same length and n == 1
+        """[B, 1, n, T] bool: query j of row b sees positions ``<= lengths[b] + j`` (and with
+        a ``window``, ``> lengths[b] + j - window``); T is what ``update_and_fetch`` will
+        return (from ``_start``). None when every row has the same length and n == 1
         (nothing to hide)."""
         if window_size is not None:
             raise NotImplementedError("sliding-window attention is not batched")
+        start = self._start(n)
+        windowed = self._windowed(n)
         if n == 1 and len(set(self.lengths)) <= 1 and not return_array:
-            return None
+            return None  # (with a window, ``start`` leaves exactly the keys it keeps)
         t = max(self.lengths) + n
         last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
-        return mx.arange(t)[None, None, None, :] <= last
+        pos = mx.arange(start, t)[None, None, None, :]
+        keep = pos <= last
+        if windowed:
+            keep = keep & (pos > last - self.window)
+        return keep
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         end = max(self.lengths) + n
+        first = self._start(n)
         self._reserve(end, keys, values)
         if len(set(self.lengths)) == 1:
             start = self.lengths[0]
@@ -68,7 +96,7 @@ class RowKVCache:
             self.values = mx.put_along_axis(self.values, mx.broadcast_to(pos, values.shape),
                                             values, axis=2)
         self.lengths = [length + n for length in self.lengths]
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        return self.keys[..., first:end, :], self.values[..., first:end, :]
 
     def is_trimmable(self) -> bool:
         return True

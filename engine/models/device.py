@@ -35,7 +35,8 @@ attention decoder layer ``trunk.attention_layer``: norm,            mlx-lm's att
                         compiled function (``_mtpchat_attn_in``),   runs them, uncompiled
                         cache update as mlx-lm runs it, attention
                         with the query heads folded onto their
-                        key/value heads (``cpu_attention``; equal
+                        key/value heads and a softmax with its
+                        own exponential (``cpu_attention``; equal
                         to rounding), then gate, ``o_proj``,
                         residual and a dense MLP compiled
                         (``_mtpchat_attn_out``)

@@ -372,9 +372,12 @@ def test_fused_gdn_capture_sees_new_weights(tiny_model):
 
 
 @pytest.mark.parametrize("which", ["dense", "moe", "dense-bf16"])
-def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_factory):
+def test_plain_step_is_mlx_lms_layer_to_float_rounding(which, tiny_model, tmp_path_factory):
     """A depth-0 step (the engine's trunk forward: compiled GDN, attention and MLP parts) gives
-    the logits and caches mlx-lm's own model call gives, bit for bit, step after step."""
+    the logits and caches mlx-lm's own model call gives, step after step: within float
+    rounding (``_rounding_apart``: the CPU attention's folded heads and its own exponential,
+    engine/models/cpu_attention.py; the GDN parts alone are bit for bit,
+    ``test_fused_gdn_capture_is_bit_identical``)."""
     from engine.models.model import load
     from tests.tinymodels import build_tiny_model
 
@@ -389,7 +392,7 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
         got = plain_step(ours, tok)
         want = model.trunk(mx.array([[tok]]), cache=ref.trunk_cache)[:, -1]
         assert got.dtype == want.dtype
-        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+        _rounding_apart(got, want)
         tok = int(mx.argmax(want).item())
     from mlx.utils import tree_flatten
 
@@ -400,7 +403,14 @@ def test_plain_step_is_mlx_lms_layer_bit_for_bit(which, tiny_model, tmp_path_fac
         if not isinstance(x, mx.array):
             assert x == y
             continue
-        assert np.array_equal(np.array(x.astype(mx.float32)), np.array(y.astype(mx.float32)))
+        _rounding_apart(x, y)
+
+
+def _rounding_apart(a: mx.array, b: mx.array) -> None:
+    """``a`` equals ``b`` to a few roundings of their dtype (scaled by ``b``'s largest)."""
+    tol = 1e-5 if a.dtype == mx.float32 else 2e-2
+    a, b = np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32))
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())))
 
 
 def test_compiled_attention_layer_sees_new_weights(tiny_model):
@@ -504,9 +514,10 @@ def test_compiled_mlp_half_sees_new_weights(tiny_model):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_mtp_head_is_bit_identical(tiny_model, dtype):
+def test_compiled_mtp_head_equals_mlx_lms_layer(tiny_model, dtype):
     """The MTP head with its input half and MLP half compiled gives what mlx-lm's decoder
-    layer on the uncompiled ``fc`` gives, bit for bit, call after call (its KV cache growing)."""
+    layer on the uncompiled ``fc`` gives, call after call (its KV cache growing): to float
+    rounding (the CPU attention, ``_rounding_apart``)."""
     from mlx_lm.models.base import create_attention_mask
 
     from engine.models.model import load
@@ -525,4 +536,4 @@ def test_compiled_mtp_head_is_bit_identical(tiny_model, dtype):
             z = layer(z, mask=mask, cache=c)
         want = head.norm(z)
         assert head.__dict__.get("_mtpchat_fc") is not None
-        assert np.array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+        _rounding_apart(got, want)

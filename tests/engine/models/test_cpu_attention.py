@@ -51,3 +51,38 @@ def test_one_query_row_matches_the_fast_path_on_the_cpu_to_rounding():
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=None)
     got = cpu_attention.attention(q, k, v, scale=0.125, mask=None)
     assert float(mx.abs(got - ref).max()) <= 1e-6
+
+
+@pytest.mark.parametrize("S", [1, 7, 300, 4099])
+@pytest.mark.parametrize("spread", [1.0, 30.0])
+def test_softmax_is_float64s_within_float32_rounding_at_any_length(S, spread):
+    """The CPU softmax's own exponential (compiled once, shapeless, for every key count)
+    against float64's: masked (-inf) scores give exactly 0, far-below-the-max ones below
+    1e-30, every other probability within 2e-6 relative plus what rounding its float32
+    argument costs; NaN stays NaN."""
+    rng = np.random.default_rng(S)
+    x = (rng.standard_normal((2, 3, S)) * spread).astype(np.float32)
+    if S > 2:
+        x[0, 0, :S // 2] = -np.inf     # masked keys
+        x[1, 2, 1] = x[1, 2].max() - 200.0
+    got = np.array(cpu_attention.softmax(mx.array(x))).astype(np.float64)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    want = e / e.sum(axis=-1, keepdims=True)
+    assert np.all(got[np.isneginf(x)] == 0.0)
+    big = want > 1e-30
+    # a float32 argument is rounded by 2^-24 of itself: e^x then by |x| 2^-24 relative
+    gap = np.abs(x64 - x64.max(axis=-1, keepdims=True))
+    assert np.all(np.abs(got - want)[big] / want[big] < 2e-6 + gap[big] * 2.0 ** -23)
+    assert np.all(got[~big] < 1e-30)
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-5)  # a float32 sum of S
+    nan = np.array(cpu_attention.softmax(mx.array([[0.0, np.nan, 1.0]])))
+    assert np.isnan(nan).all()
+
+
+def test_softmax_keeps_a_half_precision_dtype():
+    x = mx.random.normal((2, 5)).astype(mx.bfloat16)
+    out = cpu_attention.softmax(x)
+    assert out.dtype == mx.bfloat16
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)),
+                               np.array(mx.softmax(x.astype(mx.float32), axis=-1)), atol=4e-3)
