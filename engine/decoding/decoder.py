@@ -73,10 +73,14 @@ class BatchDecoder:
         self.active: list[Stream] = []   # the batch's rows, in row order
         self.cycles = 0
         self._drafter_controller = None  # auto rows' controller when drafting without the head
+        # finished streams' states, kept (prompt cache, disk cache) at the next step: after
+        # the caller has handed out their last events
+        self._to_keep: list[tuple] = []
 
     @property
     def busy(self) -> bool:
-        return bool(len(self.admission) or self.active)
+        """Streams to run, or finished streams' states still to keep (one more step)."""
+        return bool(len(self.admission) or self.active or self._to_keep)
 
     @property
     def room(self) -> int:
@@ -136,7 +140,10 @@ class BatchDecoder:
         """End cancelled streams and run one prefill chunk (if a stream waits and a row is
         free): a stream whose prompt is done gets its first token here and joins the batch.
         (Callers that deliver events hand these out before the cycle: a joining stream's time
-        to first token is its prefill chunk, not the cycle after it.)"""
+        to first token is its prefill chunk, not the cycle after it.) First the states of the
+        streams that finished since the last step go to the prompt cache, before a prompt
+        looks there."""
+        self._keep_finished()
         out = [self._end(st, st.reply.cancel_event()) for st in self.admission.cancelled()]
         gone = [b for b, st in enumerate(self.active) if st.reply.cancelled]
         out += [self._end(self.active[b], self.active[b].reply.cancel_event(), row=b)
@@ -160,6 +167,7 @@ class BatchDecoder:
         out += [self._end(st, st.reply.cancel_event(), row=b)
                 for b, st in enumerate(self.active)]
         self._leave(list(range(len(self.active))))
+        self._keep_finished()
         return out
 
     # -- streams joining and leaving -----------------------------------------------------------
@@ -178,7 +186,9 @@ class BatchDecoder:
         return st, ev
 
     def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
-        """``st`` is done with ``ev``; its final state goes to the prompt cache."""
+        """``st`` is done with ``ev``; its final state goes to the prompt cache at the next
+        step (``_keep_finished``): keeping it (the disk cache's copies: 60-150 ms at 5-10k
+        tokens) held back the reply's last tokens."""
         st.finished = True
         self.plain.carry.pop(st.id, None)
         ahead = None if self.plain.ahead is None else self.plain.ahead.mark  # before it
@@ -186,9 +196,14 @@ class BatchDecoder:
         if row is not None:  # the same conversation: its snapshots replace each other
             session.lineage = st.lineage
         if session is not None and st.after_prompt is not None:
-            self.carryover.keep(st.after_prompt, session.snapshot(), st.checkpoint)
+            self._to_keep.append((st.after_prompt, session.snapshot(), st.checkpoint))
         st.session = st.prefill = None
         return st, ev
+
+    def _keep_finished(self) -> None:
+        kept, self._to_keep = self._to_keep, []
+        for after_prompt, at_end, checkpoint in kept:
+            self.carryover.keep(after_prompt, at_end, checkpoint)
 
     def _leave(self, rows: list[int]) -> None:
         """Remove ``rows``; a queued plain step goes on for the others."""
