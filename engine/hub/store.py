@@ -152,15 +152,18 @@ def write_tuned(model_dir: str | Path, result: dict, *, machine: str | None = No
     """
     if not isinstance(result, dict):
         raise StoreError("a tuning result must be a dict")
-    entry = {"result": result, "written_at": time.time()}
-    mkey = machine or machine_key()
+    _put_entry("tuning.json", model_dir, machine or machine_key(),
+               {"result": result, "written_at": time.time()})
 
+
+def _put_entry(name: str, model_dir: str | Path, key: str, entry: dict) -> None:
+    """``entry`` under the model's key, then ``key`` (a machine's), in data_dir()/``name``."""
     def upd(d: dict) -> dict:
         per_model = d.get(_key(model_dir)) or {}
-        per_model[mkey] = entry
+        per_model[key] = entry
         d[_key(model_dir)] = per_model
         return d
-    _update_json(data_dir() / "tuning.json", upd)
+    _update_json(data_dir() / name, upd)
 
 
 def read_tuned(model_dir: str | Path, *, machine: str | None = None) -> dict | None:
@@ -181,15 +184,8 @@ def write_warm_hint(model_dir: str | Path, dtype: str, hint: dict, *,
     """Keep what a model's warm-up measured on this machine (``engine.core.warmup``: cycle
     seconds by batch size and depth, acceptance by draft position), so the next process's
     depth controllers start from it before its own warm-up has run."""
-    entry = {"hint": hint, "written_at": time.time()}
-    mkey = f"{machine or machine_key()}|{dtype}"
-
-    def upd(d: dict) -> dict:
-        per_model = d.get(_key(model_dir)) or {}
-        per_model[mkey] = entry
-        d[_key(model_dir)] = per_model
-        return d
-    _update_json(data_dir() / "warmup.json", upd)
+    _put_entry("warmup.json", model_dir, f"{machine or machine_key()}|{dtype}",
+               {"hint": hint, "written_at": time.time()})
 
 
 def read_warm_hint(model_dir: str | Path, dtype: str, *,
