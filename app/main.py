@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtpchat: {advice(missing, 'Qt')}", file=sys.stderr)
         return 4
     install_qt_message_handler()
+    from engine.decoding.window import draft_window
+
+    try:
+        draft_window()  # a bad setting ends here in one line, not in the engine's thread
+    except ValueError as exc:
+        print(f"mtpchat: {exc}", file=sys.stderr)
+        return 2
     log.info("MTP Chat %s starting (python %s)", __version__, sys.version.split()[0])
     lock, rc = _lock_data_folder()
     if rc is not None:

@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                         handlers=[handler])
     as_json = getattr(args, "json", False)
     try:
+        from engine.decoding.window import draft_window
+
+        draft_window()  # a bad setting ends here in one line, not in a decoding thread
         return int(args._run(args) or 0)
     except (EngineError, ValueError, OSError) as exc:
         log.debug("%s failed", args.verb, exc_info=True)

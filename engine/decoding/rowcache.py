@@ -47,8 +47,8 @@ class RowKVCache:
         """Each row's first new position [B] (RoPE offsets)."""
         return mx.array(self.lengths, dtype=mx.int32)
 
-    def _start(self, n: int) -> int:
-        """The first buffer position any query of the next ``n`` tokens sees: 0, or with a
+    def _start(self) -> int:
+        """The first buffer position any query of the next tokens sees: 0, or with a
         ``window`` the earliest first position of a row's window (the keys before it are
         seen by no row, so ``update_and_fetch`` leaves them out)."""
         if self.window is None or not self.lengths:
@@ -68,10 +68,9 @@ class RowKVCache:
         (nothing to hide)."""
         if window_size is not None:
             raise NotImplementedError("sliding-window attention is not batched")
-        start = self._start(n)
-        windowed = self._windowed(n)
         if n == 1 and len(set(self.lengths)) <= 1 and not return_array:
-            return None  # (with a window, ``start`` leaves exactly the keys it keeps)
+            return None  # (with a window, ``_start`` leaves exactly the keys it keeps)
+        start, windowed = self._start(), self._windowed(n)
         t = max(self.lengths) + n
         last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
         pos = mx.arange(start, t)[None, None, None, :]
@@ -83,7 +82,7 @@ class RowKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         end = max(self.lengths) + n
-        first = self._start(n)
+        first = self._start()
         self._reserve(end, keys, values)
         if len(set(self.lengths)) == 1:
             start = self.lengths[0]
