@@ -87,7 +87,8 @@ class Carryover:
     def keep(self, after_prompt: Snapshot, at_end: Snapshot,
              checkpoint: Snapshot | None = None) -> None:
         """Keep a reply's final state in memory; the snapshots go to the disk cache (if on),
-        written in the background (``checkpoint``: the state before the generation prompt)."""
+        written in the background while nothing decodes (``checkpoint``: the state before the
+        generation prompt)."""
         self.prompt_cache.keep(at_end)
         if self.disk_cache is not None:
             try:

@@ -152,11 +152,20 @@ class BatchDecoder:
         st = self.admission.step(len(self.active) < self.max_streams)
         if st is not None:
             out.append(self._join(st))
+        self._note_busy()
         return out
 
     def cycle_step(self) -> Emitted:
         """One batched cycle over the joined rows (none: nothing)."""
+        self._note_busy()
         return self._cycle() if self.active else []
+
+    def _note_busy(self) -> None:
+        """The disk cache writes its queued snapshots only while no decode or prefill runs."""
+        disk = self.carryover.disk_cache
+        if disk is not None and (self.active or self.admission.waiting
+                                 or self.admission.joining is not None):
+            disk.note_busy()
 
     def close(self) -> Emitted:
         """End every stream now (cancelled), each one's state kept for its next turn."""
@@ -188,7 +197,8 @@ class BatchDecoder:
     def _end(self, st: Stream, ev: Event, *, row: int | None = None) -> tuple[Stream, Event]:
         """``st`` is done with ``ev``; its final state goes to the prompt cache at the next
         step (``_keep_finished``): keeping it (the disk cache's copies: 60-150 ms at 5-10k
-        tokens) held back the reply's last tokens."""
+        tokens) held back the reply's last tokens. The disk cache then writes them while
+        nothing decodes (``_note_busy``)."""
         st.finished = True
         self.plain.carry.pop(st.id, None)
         ahead = None if self.plain.ahead is None else self.plain.ahead.mark  # before it

@@ -10,12 +10,20 @@ key and the token prefix.
 
 Contract:
 - ``save(snaps)``: only snapshots of at least ``min_tokens`` tokens. Their arrays are sliced
-  to the live length and evaluated as copies on the caller's thread (later decoding cannot
-  change them), then written by one background thread: temp file + ``os.replace``, the
-  manifest last (it is the commit marker). ``flush()`` waits for that thread.
+  to the live length and copied to host memory on the caller's thread (later decoding cannot
+  change them) and queued. One background thread writes the queue: temp file +
+  ``os.replace``, the manifest last (it is the commit marker).
+- The writer runs while nothing decodes: a decoder calls ``note_busy()`` every step, and the
+  writer waits until ``IDLE_S`` pass without one (or a snapshot waited ``MAX_WAIT_S``),
+  pausing between ``CHUNK_BYTES`` pieces of a file. A write beside a decode cost it about a
+  third of its speed on a 2-core machine. Past ``MAX_PENDING_BYTES`` queued, the oldest
+  snapshots are dropped unwritten (a server that never idles keeps its newest states).
+  ``flush()`` writes the queue now, decoding or not; at exit the queue is flushed (10 s at
+  most per cache).
 - ``load(prompt, longer_than=n)``: the entry whose tokens are the longest prefix of ``prompt``
-  (longer than ``n``) as a ``Snapshot``, or None. A file that does not read or does not fit
-  (corrupt, truncated, another layout or model) is removed and ignored: never an exception.
+  (longer than ``n``) as a ``Snapshot``, queued or on disk, or None. A file that does not
+  read or does not fit (corrupt, truncated, another layout or model) is removed and ignored:
+  never an exception.
 - The entries of every model together stay under ``max_bytes``: the least recently used
   (manifest mtime, touched on each hit) are removed first.
 - ``from_env(...)``: None when ``MTPCHAT_PROMPT_DISK_CACHE=0``; ``MTPCHAT_PROMPT_DISK_CACHE_MB``
@@ -26,12 +34,15 @@ Imports only ``engine.paths`` and ``engine.decoding.session`` from the engine.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
 import threading
 import time
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -45,6 +56,80 @@ FORMAT = 1
 DEFAULT_MB = 4096
 DEFAULT_MIN_TOKENS = 1024
 STALE_TMP_S = 600  # a temp file older than this belongs to a writer that died
+IDLE_S = 0.3                # the writer waits until no decode ran for this long
+MAX_WAIT_S = 120.0          # ... or until a snapshot waited this long
+MAX_PENDING_BYTES = 512 << 20  # queued copies past this: the oldest are dropped unwritten
+CHUNK_BYTES = 8 << 20       # a file is written in pieces of this size, pausing for decodes
+
+_LIVE: "weakref.WeakSet[DiskPromptCache]" = weakref.WeakSet()
+
+_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.float64: "F64",
+           mx.int8: "I8", mx.int16: "I16", mx.int32: "I32", mx.int64: "I64",
+           mx.uint8: "U8", mx.uint16: "U16", mx.uint32: "U32", mx.uint64: "U64",
+           mx.bool_: "BOOL"}
+
+
+@dataclass
+class _Job:
+    """A snapshot copied to host memory, waiting to be written."""
+
+    name: str
+    arrays: dict        # name -> (numpy array, safetensors dtype)
+    meta: dict
+    n: int
+    th: str
+    queued: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a, _ in self.arrays.values())
+
+    def snapshot(self, kinds: dict) -> Snapshot:
+        return decode_snapshot({k: _device_copy(a, t) for k, (a, t) in self.arrays.items()},
+                               self.meta, kinds)
+
+
+def _host_copy(a: mx.array) -> tuple[np.ndarray, str]:
+    """A numpy copy of ``a`` and its safetensors dtype (bfloat16 travels as its bits)."""
+    tag = _DTYPES[a.dtype]
+    if a.dtype == mx.bfloat16:
+        a = a.view(mx.uint16)
+    return np.array(a, copy=True), tag
+
+
+def _device_copy(a: np.ndarray, tag: str) -> mx.array:
+    out = mx.array(a)
+    return out.view(mx.bfloat16) if tag == "BF16" else out
+
+
+def write_safetensors(path: Path, arrays: dict, *, pause=None) -> None:
+    """Write ``arrays`` (name -> (numpy array, safetensors dtype)) as a safetensors file
+    (what ``mx.load`` reads), in pieces of ``CHUNK_BYTES``, calling ``pause()`` between them."""
+    header, offset = {}, 0
+    for name, (a, tag) in arrays.items():
+        header[name] = {"dtype": tag, "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little"))
+        f.write(head)
+        for a, _ in arrays.values():
+            data = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            for i in range(0, len(data), CHUNK_BYTES):
+                if pause is not None and i:
+                    pause()
+                f.write(data[i:i + CHUNK_BYTES])
+            if pause is not None:
+                pause()
+
+
+@atexit.register
+def _flush_all() -> None:
+    """At exit, write what is queued (bounded: a stuck disk never holds the exit)."""
+    for cache in list(_LIVE):
+        cache.flush(timeout=10.0)
 
 
 def cache_kinds(cache: list | None) -> list:
@@ -167,17 +252,32 @@ class DiskPromptCache:
     """One model's prompt snapshots on disk (see the module docstring)."""
 
     def __init__(self, root: Path, key: str, kinds: dict, *, max_bytes: int,
-                 min_tokens: int) -> None:
+                 min_tokens: int, idle_s: float = IDLE_S, max_wait_s: float = MAX_WAIT_S,
+                 max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         self.root, self.key, self.kinds = Path(root), key, kinds
         self.dir = self.root / key
         self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
+        self.idle_s, self.max_wait_s = float(idle_s), float(max_wait_s)
+        self.max_pending_bytes = int(max_pending_bytes)
+        self._cond = threading.Condition()
+        self._pending: dict[str, _Job] = {}   # saved, not yet on disk (oldest first)
+        self._writing: _Job | None = None
+        self._last_busy = 0.0                 # monotonic time of the last decode activity
+        self._forced = 0                      # flush() calls waiting
         self._writer: threading.Thread | None = None
+        self.dropped = 0                      # jobs dropped unwritten (over the pending bound)
+        _LIVE.add(self)
 
     # -- saving ---------------------------------------------------------------------------
+    def note_busy(self) -> None:
+        """A decode ran just now: the writer waits until ``idle_s`` pass without one."""
+        self._last_busy = time.monotonic()
+
     def save(self, snaps: list[Snapshot]) -> None:
-        """Write the long enough snapshots not already stored, in the background."""
-        self.flush()
-        jobs, seen = [], set()
+        """Copy the long enough snapshots not already stored (on this thread: later decoding
+        cannot change the copies) and queue them for the writer, which writes while no
+        decode runs (``note_busy``)."""
+        seen = set()
         for snap in snaps:
             if snap is None or len(snap.fed) < self.min_tokens or snap.last_logits is None:
                 continue
@@ -185,44 +285,116 @@ class DiskPromptCache:
             if name in seen:
                 continue
             seen.add(name)
+            with self._cond:
+                if name in self._pending or (self._writing and self._writing.name == name):
+                    continue
             have = self._stored(snap.fed, snap.mtp_ok, snap.media)
             if have is not None:
                 _touch(have)
                 continue
             arrays, meta = encode(snap)
-            arrays = {k: mx.contiguous(v) for k, v in arrays.items()}
-            mx.eval(list(arrays.values()))
-            jobs.append((name, arrays, meta, len(snap.fed), content_hash(snap.fed, snap.media)))
-        if jobs:
-            self._writer = threading.Thread(target=self._write_all, args=(jobs,),
-                                            name="prompt-disk-cache", daemon=True)
+            job = _Job(name, {k: _host_copy(v) for k, v in arrays.items()}, meta,
+                       len(snap.fed), content_hash(snap.fed, snap.media), time.monotonic())
+            with self._cond:
+                self._pending[name] = job
+                self._drop_over_bound()
+                self._start_writer()
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write every queued snapshot now, decoding or not; False if ``timeout`` passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._forced += 1
+            self._cond.notify_all()
+            try:
+                while self._pending or self._writing is not None:
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+                return True
+            finally:
+                self._forced -= 1
+
+    def _drop_over_bound(self) -> None:
+        """Drop the oldest queued jobs past ``max_pending_bytes`` (held with ``_cond``): a
+        server that never idles keeps its newest states, not an ever-growing queue."""
+        while len(self._pending) > 1 and sum(j.nbytes for j in self._pending.values()) > \
+                self.max_pending_bytes:
+            oldest = next(iter(self._pending))
+            del self._pending[oldest]
+            self.dropped += 1
+            log.info("prompt cache: dropped an unwritten snapshot (over %d MiB queued)",
+                     self.max_pending_bytes >> 20)
+
+    def _start_writer(self) -> None:
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._write_loop, name="prompt-disk-cache",
+                                            daemon=True)
             self._writer.start()
 
-    def flush(self) -> None:
-        """Wait for the background writer (if any)."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
+    def _may_write(self, job: _Job) -> float:
+        """0 when ``job`` may be written now, else how long to wait (held with ``_cond``)."""
+        if self._forced:
+            return 0.0
+        now = time.monotonic()
+        if now - job.queued >= self.max_wait_s:
+            return 0.0
+        return max(0.0, self.idle_s - (now - self._last_busy))
 
-    def _write_all(self, jobs: list) -> None:
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            for name, arrays, meta, n, th in jobs:
-                self._write(name, arrays, meta, n, th)
-            self.evict()
-        except Exception as exc:  # noqa: BLE001 - a full disk or a vanished folder only costs a prefill
-            log.warning("could not save the prompt cache to %s: %s", self.dir, exc)
-            log.debug("prompt cache save failure", exc_info=True)
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    if not self._cond.wait(timeout=30.0) and not self._pending:
+                        self._writer = None
+                        return
+                job = next(iter(self._pending.values()))
+                wait = self._may_write(job)
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                del self._pending[job.name]
+                self._writing = job
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self._write(job)
+                with self._cond:
+                    last = not self._pending
+                if last:
+                    self.evict()
+            except Exception as exc:  # noqa: BLE001 - a full disk or a vanished folder only costs a prefill
+                log.warning("could not save the prompt cache to %s: %s", self.dir, exc)
+                log.debug("prompt cache save failure", exc_info=True)
+            finally:
+                with self._cond:
+                    self._writing = None
+                    self._cond.notify_all()
 
-    def _write(self, name: str, arrays: dict, meta: dict, n: int, th: str) -> None:
+    def _pause(self) -> None:
+        """Between chunks of a file: wait while a decode runs (a forced flush never waits)."""
+        with self._cond:
+            while self._writing is not None:
+                wait = self._may_write(self._writing)
+                if wait <= 0:
+                    return
+                self._cond.wait(wait)
+
+    def _write(self, job: _Job) -> None:
         tag = f"{os.getpid()}-{threading.get_ident()}"
-        tmp_arr = self.dir / f".{name}.{tag}.tmp.safetensors"
-        tmp_man = self.dir / f".{name}.{tag}.tmp.json"
-        mx.save_safetensors(str(tmp_arr), arrays)
-        os.replace(tmp_arr, self.dir / f"{name}.safetensors")
-        manifest = dict(meta, format=FORMAT, model_key=self.key, n_tokens=n, token_hash=th)
+        tmp_arr = self.dir / f".{job.name}.{tag}.tmp.safetensors"
+        tmp_man = self.dir / f".{job.name}.{tag}.tmp.json"
+        try:
+            write_safetensors(tmp_arr, job.arrays, pause=self._pause)
+            os.replace(tmp_arr, self.dir / f"{job.name}.safetensors")
+        except BaseException:
+            _unlink(tmp_arr)
+            raise
+        manifest = dict(job.meta, format=FORMAT, model_key=self.key, n_tokens=job.n,
+                        token_hash=job.th)
         tmp_man.write_text(json.dumps(manifest), encoding="utf-8")
-        os.replace(tmp_man, self.dir / f"{name}.json")
+        os.replace(tmp_man, self.dir / f"{job.name}.json")
 
     def evict(self) -> None:
         """Remove stale temp files and orphans, then the least recently used entries until
@@ -253,14 +425,42 @@ class DiskPromptCache:
     def load(self, prompt: list[int], *, longer_than: int = 0,
              need_mtp: bool = False, media: tuple = ()) -> Snapshot | None:
         """The stored snapshot with the longest prefix of ``prompt`` and its images
-        (``media``) (None if none fits)."""
-        self.flush()
-        for n, man in self._candidates(prompt, longer_than, need_mtp, media):
-            snap = self._read(man, prompt[:n], prefix_media(media, n))
+        (``media``) (None if none fits): on disk, or queued and not yet written."""
+        found = self._candidates(prompt, longer_than, need_mtp, media)
+        found += self._queued(prompt, longer_than, need_mtp, media)
+        for n, src in sorted(found, key=lambda x: -x[0]):
+            if isinstance(src, _Job):
+                snap = self._from_job(src, prompt[:n], prefix_media(media, n))
+            else:
+                snap = self._read(src, prompt[:n], prefix_media(media, n))
+                if snap is not None:
+                    _touch(src)
             if snap is not None and (not need_mtp or snap.mtp_ok):
-                _touch(man)
                 return snap
         return None
+
+    def _queued(self, prompt: list[int], longer_than: int, need_mtp: bool,
+                media: tuple = ()) -> list:
+        with self._cond:
+            jobs = list(self._pending.values()) + ([self._writing] if self._writing else [])
+        found = []
+        for job in jobs:
+            if not longer_than < job.n <= len(prompt) or (need_mtp and not job.meta["mtp_ok"]):
+                continue
+            have = prefix_media(media, job.n)
+            if have is not None and content_hash(prompt[:job.n], have) == job.th:
+                found.append((job.n, job))
+        return found
+
+    def _from_job(self, job: _Job, tokens: list[int], media: tuple = ()) -> Snapshot | None:
+        try:
+            snap = job.snapshot(self.kinds)
+            if list(snap.fed) != list(tokens) or tuple(snap.media) != tuple(media or ()):
+                return None
+            return snap
+        except Exception:  # noqa: BLE001 - a queued copy that does not fit is only a miss
+            log.debug("a queued prompt snapshot did not fit", exc_info=True)
+            return None
 
     def _candidates(self, prompt: list[int], longer_than: int, need_mtp: bool,
                     media: tuple = ()) -> list:

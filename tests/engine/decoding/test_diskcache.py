@@ -1,9 +1,15 @@
 """The prompt cache on disk: exact resumes (depth 0 and 2, after a reload), the MTP invariant
-after a resume, the LRU size bound, corrupt and foreign files ignored, the off switch."""
+after a resume, the LRU size bound, corrupt and foreign files ignored, the off switch; the
+writer that waits while a decode runs (queued snapshots serve loads, the queue's bound, flush
+and the flush at exit), the safetensors writer."""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,11 +23,12 @@ from tests.engine.decoding.test_decode import (
 )
 
 
-def _disk(model, root, *, min_tokens=64, max_bytes=1 << 30):
+def _disk(model, root, *, min_tokens=64, max_bytes=1 << 30, **kw):
     kinds = {"trunk": diskcache.cache_kinds(model.trunk.make_cache()),
              "mtp": diskcache.cache_kinds(model.mtp.make_cache() if model.mtp else None)}
     key = diskcache.model_key(model.info.path, model.info.dtype, [kinds["trunk"], kinds["mtp"]])
-    return diskcache.DiskPromptCache(root, key, kinds, max_bytes=max_bytes, min_tokens=min_tokens)
+    return diskcache.DiskPromptCache(root, key, kinds, max_bytes=max_bytes, min_tokens=min_tokens,
+                                     **kw)
 
 
 @pytest.fixture
@@ -204,3 +211,125 @@ def test_a_depth0_entry_does_not_stop_an_mtp_one(disk_model):
     assert _resumed(disk_model, p, 0, max_tokens=2)[0] == len(p)
     carryover_of(disk_model).disk_cache.flush()
     assert len(_entries(carryover_of(disk_model).disk_cache)) == n
+
+
+# -- the writer waits while a decode runs ------------------------------------------------------
+def _busy_for(disk, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        disk.note_busy()
+        time.sleep(0.02)
+
+
+def test_the_writer_waits_while_a_decode_runs(tiny_model, tmp_path, monkeypatch):
+    disk = _disk(tiny_model, tmp_path / "pc", idle_s=0.3)
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    carryover_of(tiny_model).reset_prompt_cache()
+    disk.note_busy()
+    run(tiny_model, long_prompt(seed=11), depth=2, max_tokens=8)
+    _busy_for(disk, 1.0)                    # decoding goes on: nothing is written
+    assert not list(disk.dir.glob("*.json")) if disk.dir.is_dir() else True
+    assert disk._pending
+    end = time.monotonic() + 20             # idle: the queue is written
+    while (disk._pending or disk._writing) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert len(list(disk.dir.glob("*.json"))) == 2   # after the prompt, at the end
+    assert not list(disk.dir.glob(".*"))            # no temp file left
+
+
+def test_the_decoder_marks_the_disk_cache_busy(tiny_model, tmp_path, monkeypatch):
+    disk = _disk(tiny_model, tmp_path / "pc")
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    before = time.monotonic()
+    run(tiny_model, long_prompt(seed=12), depth=1, max_tokens=4)
+    assert disk._last_busy >= before
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_queued_snapshot_resumes_exactly(tiny_model, tmp_path, monkeypatch, depth):
+    disk = _disk(tiny_model, tmp_path / "pc", idle_s=3600)   # never idle long enough
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    carryover_of(tiny_model).reset_prompt_cache()
+    disk.note_busy()
+    p = long_prompt(seed=20 + depth)
+    first = run(tiny_model, p, depth=depth, max_tokens=16)
+    assert not disk.dir.exists() or not list(disk.dir.glob("*.json"))
+    reused, toks = _resumed(tiny_model, p, depth, max_tokens=16)
+    assert reused == len(p)
+    assert toks == first.token_ids == _plain(tiny_model, p, depth, max_tokens=16)
+
+
+def test_flush_writes_while_busy_and_the_entry_reads_back(tiny_model, tmp_path, monkeypatch):
+    disk = _disk(tiny_model, tmp_path / "pc", idle_s=3600)
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    carryover_of(tiny_model).reset_prompt_cache()
+    disk.note_busy()
+    p = long_prompt(seed=30)
+    ref = run(tiny_model, p, depth=2, max_tokens=12).token_ids
+    disk.note_busy()
+    assert disk.flush(timeout=30)
+    assert not disk._pending and len(list(disk.dir.glob("*.json"))) == 2
+    other = _disk(tiny_model, tmp_path / "pc")              # another process, reading the files
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", other)
+    reused, toks = _resumed(tiny_model, p, 2, max_tokens=12)
+    assert reused == len(p) and toks == ref
+
+
+def test_the_queue_keeps_the_newest_within_its_bound(tiny_model, tmp_path, monkeypatch):
+    disk = _disk(tiny_model, tmp_path / "pc", idle_s=3600, max_pending_bytes=1)
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    carryover_of(tiny_model).reset_prompt_cache()
+    disk.note_busy()
+    for seed in (40, 41):
+        out = run(tiny_model, long_prompt(seed=seed), depth=0, max_tokens=2)
+    assert len(disk._pending) == 1 and disk.dropped == 3   # each reply queued two
+    assert disk.load(long_prompt(seed=40)) is None
+    snap = disk.load(long_prompt(seed=41) + out.token_ids + [7])   # the newest: the reply's end
+    assert snap is not None and len(snap.fed) > 200
+
+
+def test_a_queued_snapshot_is_written_at_exit(tiny_dir, tmp_path):
+    root = tmp_path / "pc"
+    code = f"""
+import engine, numpy as np
+from engine.core.carryover import carryover_of
+from tests.engine.decoding.test_diskcache import _disk
+m = engine.load({str(tiny_dir)!r})
+disk = _disk(m, {str(root)!r}, idle_s=3600)
+carryover_of(m).disk_cache = disk
+disk.note_busy()
+p = np.random.default_rng(0).integers(3, 380, size=200).tolist()
+list(m.generate(p, max_tokens=4, depth=1))
+assert disk._pending, "the snapshots should still be queued"
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(root.glob("*/*.json"))) == 2
+
+
+def test_the_safetensors_writer_is_what_mlx_reads(tmp_path):
+    import mlx.core as mx
+
+    arrays = {"f32": mx.arange(12, dtype=mx.float32).reshape(3, 4) / 7,
+              "bf16": (mx.arange(10, dtype=mx.float32) / 3).astype(mx.bfloat16),
+              "f16": mx.array([1.5, -2.25], dtype=mx.float16),
+              "i32": mx.array([[1, -2], [3, 4]], dtype=mx.int32),
+              "bool": mx.array([True, False, True]),
+              "empty": mx.zeros((0, 3), dtype=mx.float32),
+              "scalar": mx.array(3.0)}
+    host = {k: diskcache._host_copy(v) for k, v in arrays.items()}
+    pauses = []
+    monkey_chunk = diskcache.CHUNK_BYTES
+    diskcache.CHUNK_BYTES = 16            # many pieces, a pause between each
+    try:
+        diskcache.write_safetensors(tmp_path / "x.safetensors", host,
+                                    pause=lambda: pauses.append(1))
+    finally:
+        diskcache.CHUNK_BYTES = monkey_chunk
+    back = mx.load(str(tmp_path / "x.safetensors"))
+    assert set(back) == set(arrays) and len(pauses) > len(arrays)
+    for k, v in arrays.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
+        assert mx.array_equal(back[k], v).item(), k
