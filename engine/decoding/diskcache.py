@@ -16,8 +16,9 @@ Contract:
 - The writer runs while nothing decodes: a decoder calls ``note_busy()`` every step, and the
   writer waits until ``IDLE_S`` pass without one (or a snapshot waited ``MAX_WAIT_S``),
   pausing between ``CHUNK_BYTES`` pieces of a file. A write beside a decode cost it about a
-  third of its speed on a 2-core machine. Past ``MAX_PENDING_BYTES`` queued, the oldest
-  snapshots are dropped unwritten (a server that never idles keeps its newest states).
+  third of its speed on a 2-core machine. A conversation's newest reply replaces its queued
+  snapshots (``Snapshot.lineage``); past ``MAX_PENDING_BYTES`` queued, the oldest are dropped
+  unwritten (a server that never idles keeps its newest states).
   ``flush()`` writes the queue now, decoding or not; at exit the queue is flushed (10 s at
   most per cache).
 - ``load(prompt, longer_than=n)``: the entry whose tokens are the longest prefix of ``prompt``
@@ -79,6 +80,7 @@ class _Job:
     n: int
     th: str
     queued: float
+    lineage: int = 0    # the conversation (``Snapshot.lineage``; 0: none)
 
     @property
     def nbytes(self) -> int:
@@ -266,6 +268,7 @@ class DiskPromptCache:
         self._forced = 0                      # flush() calls waiting
         self._writer: threading.Thread | None = None
         self.dropped = 0                      # jobs dropped unwritten (over the pending bound)
+        self.superseded = 0                   # ... and replaced by a newer reply's
         _LIVE.add(self)
 
     # -- saving ---------------------------------------------------------------------------
@@ -277,11 +280,12 @@ class DiskPromptCache:
         """Copy the long enough snapshots not already stored (on this thread: later decoding
         cannot change the copies) and queue them for the writer, which writes while no
         decode runs (``note_busy``)."""
+        snaps = [s for s in snaps if s is not None and len(s.fed) >= self.min_tokens
+                 and s.last_logits is not None]
+        names = [self._entry_name(s.fed, s.mtp_ok, s.media) for s in snaps]
+        self._supersede({s.lineage for s in snaps if s.lineage}, set(names))
         seen = set()
-        for snap in snaps:
-            if snap is None or len(snap.fed) < self.min_tokens or snap.last_logits is None:
-                continue
-            name = self._entry_name(snap.fed, snap.mtp_ok, snap.media)
+        for snap, name in zip(snaps, names):
             if name in seen:
                 continue
             seen.add(name)
@@ -294,7 +298,8 @@ class DiskPromptCache:
                 continue
             arrays, meta = encode(snap)
             job = _Job(name, {k: _host_copy(v) for k, v in arrays.items()}, meta,
-                       len(snap.fed), content_hash(snap.fed, snap.media), time.monotonic())
+                       len(snap.fed), content_hash(snap.fed, snap.media), time.monotonic(),
+                       snap.lineage)
             with self._cond:
                 self._pending[name] = job
                 self._drop_over_bound()
@@ -316,6 +321,16 @@ class DiskPromptCache:
                 return True
             finally:
                 self._forced -= 1
+
+    def _supersede(self, lineages: set, keep: set) -> None:
+        """Drop the queued snapshots of these conversations (lineages) but ``keep``: a
+        conversation's newest reply supersedes its earlier ones, so a busy agent session
+        queues one turn's states, not every turn's."""
+        with self._cond:
+            for name in [n for n, j in self._pending.items()
+                         if j.lineage in lineages and n not in keep]:
+                del self._pending[name]
+                self.superseded += 1
 
     def _drop_over_bound(self) -> None:
         """Drop the oldest queued jobs past ``max_pending_bytes`` (held with ``_cond``): a

@@ -103,7 +103,7 @@ class Session:
         s.pending_h, s.pending_tok = snap.pending_h, list(snap.pending_tok)
         s.last_hidden, s.last_logits = snap.last_hidden, snap.last_logits
         s.mtp_ok = snap.mtp_ok and s.mtp_cache is not None
-        s.lineage = snap.lineage
+        s.lineage = snap.lineage or s.lineage  # 0: read back from disk, shares no buffer
         s.media = tuple(snap.media)
         s.set_rope_delta(snap.rope_delta)
         return s

@@ -333,3 +333,32 @@ def test_the_safetensors_writer_is_what_mlx_reads(tmp_path):
     for k, v in arrays.items():
         assert back[k].dtype == v.dtype and back[k].shape == v.shape, k
         assert mx.array_equal(back[k], v).item(), k
+
+
+def test_a_conversations_next_reply_replaces_its_queued_states(tiny_model, tmp_path,
+                                                                monkeypatch):
+    disk = _disk(tiny_model, tmp_path / "pc", idle_s=3600)
+    monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
+    carryover_of(tiny_model).reset_prompt_cache()
+    disk.note_busy()
+    other = long_prompt(seed=51)
+    run(tiny_model, other, depth=0, max_tokens=2)          # another conversation, first
+    p = long_prompt(seed=50)
+    first = run(tiny_model, p, depth=2, max_tokens=6)
+    follow = p + first.token_ids + [11, 12, 13]
+    second = run(tiny_model, follow, depth=2, max_tokens=6, fresh=False)  # the same lineage
+    assert disk.superseded == 2
+    lengths = sorted(j.n for j in disk._pending.values())
+    assert lengths == sorted([len(other), len(other) + 1, len(follow),
+                              len(follow) + len(second.token_ids) - 1])
+    assert disk.flush(timeout=30) and len(list(disk.dir.glob("*.json"))) == 4
+
+
+def test_a_session_resumed_from_disk_starts_its_own_lineage(disk_model):
+    p = long_prompt(seed=52)
+    run(disk_model, p, depth=0, max_tokens=2)
+    disk = carryover_of(disk_model).disk_cache
+    disk.flush()
+    snap = disk.load(p)
+    assert snap is not None and snap.lineage == 0
+    assert Session.from_snapshot(disk_model, snap, use_mtp=False).lineage != 0
