@@ -143,6 +143,7 @@ class BatchDecoder:
         to first token is its prefill chunk, not the cycle after it.) First the states of the
         streams that finished since the last step go to the prompt cache, before a prompt
         looks there."""
+        self._note_busy()
         self._keep_finished()
         out = [self._end(st, st.reply.cancel_event()) for st in self.admission.cancelled()]
         gone = [b for b, st in enumerate(self.active) if st.reply.cancelled]
@@ -152,20 +153,21 @@ class BatchDecoder:
         st = self.admission.step(len(self.active) < self.max_streams)
         if st is not None:
             out.append(self._join(st))
-        self._note_busy()
         return out
 
     def cycle_step(self) -> Emitted:
         """One batched cycle over the joined rows (none: nothing)."""
+        out = self._cycle() if self.active else []
         self._note_busy()
-        return self._cycle() if self.active else []
+        return out
 
     def _note_busy(self) -> None:
-        """The disk cache writes its queued snapshots only while no decode or prefill runs."""
+        """Tell the disk cache whether a decode or prefill runs or waits: it writes its queued
+        snapshots only while none does."""
         disk = self.carryover.disk_cache
-        if disk is not None and (self.active or self.admission.waiting
-                                 or self.admission.joining is not None):
-            disk.note_busy()
+        if disk is not None:
+            disk.note_busy(bool(self.active or self.admission.waiting
+                                or self.admission.joining is not None))
 
     def close(self) -> Emitted:
         """End every stream now (cancelled), each one's state kept for its next turn."""

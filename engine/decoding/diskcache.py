@@ -13,9 +13,10 @@ Contract:
   to the live length and copied to host memory on the caller's thread (later decoding cannot
   change them) and queued. One background thread writes the queue: temp file +
   ``os.replace``, the manifest last (it is the commit marker).
-- The writer runs while nothing decodes: a decoder calls ``note_busy()`` every step, and the
-  writer waits until ``IDLE_S`` pass without one (or a snapshot waited ``MAX_WAIT_S``),
-  pausing between ``CHUNK_BYTES`` pieces of a file. A write beside a decode cost it about a
+- The writer runs while nothing decodes: a decoder says every step whether a decode or a
+  prefill runs or waits (``note_busy(bool)``), and the writer waits until ``IDLE_S`` after
+  the last busy step (or until a snapshot waited ``MAX_WAIT_S``), pausing between
+  ``CHUNK_BYTES`` pieces of a file. A write beside a decode cost it about a
   third of its speed on a 2-core machine. A conversation's newest reply replaces its queued
   snapshots (``Snapshot.lineage``); past ``MAX_PENDING_BYTES`` queued, the oldest are dropped
   unwritten (a server that never idles keeps its newest states).
@@ -264,7 +265,8 @@ class DiskPromptCache:
         self._cond = threading.Condition()
         self._pending: dict[str, _Job] = {}   # saved, not yet on disk (oldest first)
         self._writing: _Job | None = None
-        self._last_busy = 0.0                 # monotonic time of the last decode activity
+        self._busy = False                    # a decode or prefill runs (``note_busy``)
+        self._last_busy = 0.0                 # monotonic time of the last ``note_busy``
         self._forced = 0                      # flush() calls waiting
         self._writer: threading.Thread | None = None
         self.dropped = 0                      # jobs dropped unwritten (over the pending bound)
@@ -272,8 +274,10 @@ class DiskPromptCache:
         _LIVE.add(self)
 
     # -- saving ---------------------------------------------------------------------------
-    def note_busy(self) -> None:
-        """A decode ran just now: the writer waits until ``idle_s`` pass without one."""
+    def note_busy(self, busy: bool = True) -> None:
+        """Whether a decode or prefill runs now (a decoder calls this every step): the writer
+        waits while one does and for ``idle_s`` after it ends."""
+        self._busy = bool(busy)
         self._last_busy = time.monotonic()
 
     def save(self, snaps: list[Snapshot]) -> None:
@@ -356,6 +360,8 @@ class DiskPromptCache:
         now = time.monotonic()
         if now - job.queued >= self.max_wait_s:
             return 0.0
+        if self._busy:   # wait for the decoder's next word (or the job's deadline)
+            return min(self.idle_s, self.max_wait_s - (now - job.queued))
         return max(0.0, self.idle_s - (now - self._last_busy))
 
     def _write_loop(self) -> None:

@@ -219,6 +219,7 @@ def _busy_for(disk, seconds):
     while time.monotonic() < end:
         disk.note_busy()
         time.sleep(0.02)
+    disk.note_busy(False)
 
 
 def test_the_writer_waits_while_a_decode_runs(tiny_model, tmp_path, monkeypatch):
@@ -241,8 +242,11 @@ def test_the_decoder_marks_the_disk_cache_busy(tiny_model, tmp_path, monkeypatch
     disk = _disk(tiny_model, tmp_path / "pc")
     monkeypatch.setattr(carryover_of(tiny_model), "disk_cache", disk)
     before = time.monotonic()
-    run(tiny_model, long_prompt(seed=12), depth=1, max_tokens=4)
+    seen = []
+    for _ in tiny_model.generate(long_prompt(seed=12), max_tokens=4, depth=1):
+        seen.append(disk._busy)
     assert disk._last_busy >= before
+    assert all(seen[:-1]) and not disk._busy   # busy while it decodes, idle at its last event
 
 
 @pytest.mark.parametrize("depth", [0, 2])
