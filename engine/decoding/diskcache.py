@@ -18,8 +18,9 @@ Contract:
   the last busy step (or until a snapshot waited ``MAX_WAIT_S``), pausing between
   ``CHUNK_BYTES`` pieces of a file. A write beside a decode cost it about a
   third of its speed on a 2-core machine. A conversation's newest reply replaces its queued
-  snapshots (``Snapshot.lineage``); past ``MAX_PENDING_BYTES`` queued, the oldest are dropped
-  unwritten (a server that never idles keeps its newest states).
+  snapshots (``Snapshot.lineage``), so a busy conversation queues one turn's. Past
+  ``MAX_PENDING_BYTES`` queued, the writer writes even while a decode runs (memory stays
+  bounded; a snapshot of a real model at long context can be larger than the bound alone).
   ``flush()`` writes the queue now, decoding or not; at exit the queue is flushed (10 s at
   most per cache).
 - ``load(prompt, longer_than=n)``: the entry whose tokens are the longest prefix of ``prompt``
@@ -60,7 +61,7 @@ DEFAULT_MIN_TOKENS = 1024
 STALE_TMP_S = 600  # a temp file older than this belongs to a writer that died
 IDLE_S = 0.3                # the writer waits until no decode ran for this long
 MAX_WAIT_S = 120.0          # ... or until a snapshot waited this long
-MAX_PENDING_BYTES = 512 << 20  # queued copies past this: the oldest are dropped unwritten
+MAX_PENDING_BYTES = 512 << 20  # queued copies past this are written even while decoding
 CHUNK_BYTES = 8 << 20       # a file is written in pieces of this size, pausing for decodes
 
 _LIVE: "weakref.WeakSet[DiskPromptCache]" = weakref.WeakSet()
@@ -269,8 +270,7 @@ class DiskPromptCache:
         self._last_busy = 0.0                 # monotonic time of the last ``note_busy``
         self._forced = 0                      # flush() calls waiting
         self._writer: threading.Thread | None = None
-        self.dropped = 0                      # jobs dropped unwritten (over the pending bound)
-        self.superseded = 0                   # ... and replaced by a newer reply's
+        self.superseded = 0                   # queued jobs replaced by a newer reply's
         _LIVE.add(self)
 
     # -- saving ---------------------------------------------------------------------------
@@ -306,7 +306,6 @@ class DiskPromptCache:
                        snap.lineage)
             with self._cond:
                 self._pending[name] = job
-                self._drop_over_bound()
                 self._start_writer()
                 self._cond.notify_all()
 
@@ -336,16 +335,10 @@ class DiskPromptCache:
                 del self._pending[name]
                 self.superseded += 1
 
-    def _drop_over_bound(self) -> None:
-        """Drop the oldest queued jobs past ``max_pending_bytes`` (held with ``_cond``): a
-        server that never idles keeps its newest states, not an ever-growing queue."""
-        while len(self._pending) > 1 and sum(j.nbytes for j in self._pending.values()) > \
-                self.max_pending_bytes:
-            oldest = next(iter(self._pending))
-            del self._pending[oldest]
-            self.dropped += 1
-            log.info("prompt cache: dropped an unwritten snapshot (over %d MiB queued)",
-                     self.max_pending_bytes >> 20)
+    def _queued_bytes(self) -> int:
+        """Bytes of the queued copies and the one being written (held with ``_cond``)."""
+        jobs = list(self._pending.values()) + ([self._writing] if self._writing else [])
+        return sum(j.nbytes for j in jobs)
 
     def _start_writer(self) -> None:
         if self._writer is None or not self._writer.is_alive():
@@ -355,7 +348,7 @@ class DiskPromptCache:
 
     def _may_write(self, job: _Job) -> float:
         """0 when ``job`` may be written now, else how long to wait (held with ``_cond``)."""
-        if self._forced:
+        if self._forced or self._queued_bytes() > self.max_pending_bytes:
             return 0.0
         now = time.monotonic()
         if now - job.queued >= self.max_wait_s:
