@@ -252,6 +252,22 @@ def decode_snapshot(arrays: dict, meta: dict, kinds: dict) -> Snapshot:
         media=tuple((int(a), int(b), str(c)) for a, b, c in meta.get("media", ())))
 
 
+def _prefix_matcher(prompt: list[int], media: tuple, longer_than: int, need_mtp: bool):
+    """``fits(n, mtp_ok, token_hash)``: whether an entry of ``n`` tokens with that hash is a
+    prefix of ``prompt`` (and its images) usable here; each length is hashed once."""
+    hashes: dict[int, str | None] = {}
+
+    def fits(n: int, mtp_ok, th) -> bool:
+        if not longer_than < n <= len(prompt) or (need_mtp and not mtp_ok):
+            return False
+        if n not in hashes:
+            have = prefix_media(media, n)
+            hashes[n] = None if have is None else content_hash(prompt[:n], have)
+        return hashes[n] == th
+
+    return fits
+
+
 class DiskPromptCache:
     """One model's prompt snapshots on disk (see the module docstring)."""
 
@@ -286,24 +302,24 @@ class DiskPromptCache:
         decode runs (``note_busy``)."""
         snaps = [s for s in snaps if s is not None and len(s.fed) >= self.min_tokens
                  and s.last_logits is not None]
-        names = [self._entry_name(s.fed, s.mtp_ok, s.media) for s in snaps]
+        hashes = [content_hash(s.fed, s.media) for s in snaps]
+        names = [self._entry_name(th, s.mtp_ok) for s, th in zip(snaps, hashes)]
         self._supersede({s.lineage for s in snaps if s.lineage}, set(names))
         seen = set()
-        for snap, name in zip(snaps, names):
+        for snap, name, th in zip(snaps, names, hashes):
             if name in seen:
                 continue
             seen.add(name)
             with self._cond:
                 if name in self._pending or (self._writing and self._writing.name == name):
                     continue
-            have = self._stored(snap.fed, snap.mtp_ok, snap.media)
+            have = self._stored(th, snap.mtp_ok)
             if have is not None:
                 _touch(have)
                 continue
             arrays, meta = encode(snap)
             job = _Job(name, {k: _host_copy(v) for k, v in arrays.items()}, meta,
-                       len(snap.fed), content_hash(snap.fed, snap.media), time.monotonic(),
-                       snap.lineage)
+                       len(snap.fed), th, time.monotonic(), snap.lineage)
             with self._cond:
                 self._pending[name] = job
                 self._start_writer()
@@ -440,8 +456,8 @@ class DiskPromptCache:
              need_mtp: bool = False, media: tuple = ()) -> Snapshot | None:
         """The stored snapshot with the longest prefix of ``prompt`` and its images
         (``media``) (None if none fits): on disk, or queued and not yet written."""
-        found = self._candidates(prompt, longer_than, need_mtp, media)
-        found += self._queued(prompt, longer_than, need_mtp, media)
+        fits = _prefix_matcher(prompt, media, longer_than, need_mtp)
+        found = self._candidates(fits) + self._queued(fits)
         for n, src in sorted(found, key=lambda x: -x[0]):
             if isinstance(src, _Job):
                 snap = self._from_job(src, prompt[:n], prefix_media(media, n))
@@ -453,18 +469,10 @@ class DiskPromptCache:
                 return snap
         return None
 
-    def _queued(self, prompt: list[int], longer_than: int, need_mtp: bool,
-                media: tuple = ()) -> list:
+    def _queued(self, fits) -> list:
         with self._cond:
             jobs = list(self._pending.values()) + ([self._writing] if self._writing else [])
-        found = []
-        for job in jobs:
-            if not longer_than < job.n <= len(prompt) or (need_mtp and not job.meta["mtp_ok"]):
-                continue
-            have = prefix_media(media, job.n)
-            if have is not None and content_hash(prompt[:job.n], have) == job.th:
-                found.append((job.n, job))
-        return found
+        return [(job.n, job) for job in jobs if fits(job.n, job.meta["mtp_ok"], job.th)]
 
     def _from_job(self, job: _Job, tokens: list[int], media: tuple = ()) -> Snapshot | None:
         try:
@@ -476,9 +484,8 @@ class DiskPromptCache:
             log.debug("a queued prompt snapshot did not fit", exc_info=True)
             return None
 
-    def _candidates(self, prompt: list[int], longer_than: int, need_mtp: bool,
-                    media: tuple = ()) -> list:
-        found, hashes = [], {}
+    def _candidates(self, fits) -> list:
+        found = []
         for man in self.dir.glob("*.json") if self.dir.is_dir() else ():
             try:
                 meta = json.loads(man.read_text(encoding="utf-8"))
@@ -490,14 +497,9 @@ class DiskPromptCache:
             if not ok:
                 _remove_entry(man)
                 continue
-            if not longer_than < n <= len(prompt) or (need_mtp and not meta.get("mtp_ok")):
-                continue
-            if n not in hashes:
-                have = prefix_media(media, n)
-                hashes[n] = None if have is None else content_hash(prompt[:n], have)
-            if hashes[n] == meta.get("token_hash"):
+            if fits(n, meta.get("mtp_ok"), meta.get("token_hash")):
                 found.append((n, man))
-        return sorted(found, key=lambda x: -x[0])
+        return found
 
     def _read(self, man: Path, tokens: list[int], media: tuple = ()) -> Snapshot | None:
         try:
@@ -514,16 +516,16 @@ class DiskPromptCache:
             _remove_entry(man)
             return None
 
-    def _entry_name(self, tokens, mtp_ok: bool, media: tuple = ()) -> str:
+    def _entry_name(self, th: str, mtp_ok: bool) -> str:
+        """The entry of a snapshot whose ``content_hash`` is ``th``."""
         tag = "mtp" if mtp_ok else "trunk"
-        th = content_hash(tokens, media)
         return hashlib.sha256(f"{self.key}{th}{tag}".encode()).hexdigest()[:40]
 
-    def _stored(self, tokens, mtp_ok: bool, media: tuple = ()) -> Path | None:
-        """The manifest of an entry as good as a snapshot of ``tokens`` (an entry with the
-        MTP cache serves every depth; one without serves depth 0 only)."""
+    def _stored(self, th: str, mtp_ok: bool) -> Path | None:
+        """The manifest of an entry as good as a snapshot whose ``content_hash`` is ``th`` (an
+        entry with the MTP cache serves every depth; one without serves depth 0 only)."""
         for tag in (True,) if mtp_ok else (True, False):
-            man = self.dir / f"{self._entry_name(tokens, tag, media)}.json"
+            man = self.dir / f"{self._entry_name(th, tag)}.json"
             if man.is_file():
                 return man
         return None
