@@ -1,5 +1,8 @@
 """Side-by-side decode benchmark in ONE process: mlx-lm's own ``stream_generate`` on the same
-weights, this engine at depth 0, and each requested depth (and ``auto``)."""
+weights, mlx-vlm's plain and MTP decoding where mlx-vlm is installed (``MlxVlmPeer``), this
+engine at depth 0, and each requested depth (and ``auto``). Every decoder runs each prompt back
+to back in a rotating order; greedy runs also count, per decoder, the prompts whose tokens equal
+this engine's depth 0."""
 from __future__ import annotations
 
 import json
@@ -111,6 +114,68 @@ class Cell:
     tps: list[float] = field(default_factory=list)
     summaries: list[ReplyTally] = field(default_factory=list)
     peak_bytes: int = 0
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # prompt -> its first run's ids
+
+
+VLM_PREFIX = "vlm_d"  # mlx-vlm's MTP at N drafts a round (draft_block_size N + 1): "vlm_d3"
+
+
+class MlxVlmPeer:
+    """mlx-vlm's own decoding on the same weights: its ``load`` of the model folder, and the
+    ``qwen3_5_mtp`` drafter its ``split_mtp`` makes from the folder's ``mtp.*`` tensors,
+    decoded by its ``generate_step`` (``draft_kind="mtp"``, ``prefill_step_size=None``: its
+    default chunked prefill primes the drafter from the last prompt token only). ``make``
+    returns None, with the reason, where mlx-vlm is not installed or cannot read the model."""
+
+    def __init__(self, model, draft, kind: str, tmp) -> None:
+        self.model, self.draft, self.kind, self._tmp = model, draft, kind, tmp
+
+    @classmethod
+    def make(cls, path: str, *, want_mtp: bool) -> tuple["MlxVlmPeer | None", str]:
+        try:
+            import mlx_vlm  # noqa: F401
+        except ImportError:
+            return None, "mlx-vlm is not installed (pip install mlx-vlm)"
+        import logging
+        import tempfile
+
+        from mlx_vlm.utils import load
+
+        logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+        try:
+            model, _processor = load(path)
+            draft = kind = tmp = None
+            if want_mtp:
+                from mlx_vlm.speculative.drafters import load_drafter
+                from mlx_vlm.split_mtp import split_mtp
+
+                tmp = tempfile.TemporaryDirectory(prefix="mtpchat-vlm-drafter-")
+                split_mtp(path, tmp.name)
+                draft, kind = load_drafter(tmp.name, kind="mtp")
+        except Exception as e:  # noqa: BLE001 - reported, the rest of the bench runs
+            return None, f"mlx-vlm could not load {path}: {type(e).__name__}: {e}"
+        return cls(model, draft, kind, tmp), ""
+
+    def run(self, ids: list[int], max_tokens: int, params: SamplingParams, eos: set[int],
+            drafts: int, seed: int) -> tuple[float, list[int]]:
+        from mlx_vlm.generate.ar import generate_step
+
+        kw = {}
+        if drafts:
+            kw = dict(draft_model=self.draft, draft_kind=self.kind,
+                      draft_block_size=drafts + 1, prefill_step_size=None)
+        mx.random.seed(seed)
+        toks, t_first = [], None
+        for tok, _ in generate_step(mx.array([ids]), self.model, None, None,
+                                    max_tokens=max_tokens, temperature=params.temperature,
+                                    top_p=params.top_p, top_k=params.top_k, seed=seed, **kw):
+            if t_first is None:
+                t_first = time.perf_counter()
+            toks.append(int(tok.item() if hasattr(tok, "item") else tok))
+            if toks[-1] in eos:
+                break
+        dt = time.perf_counter() - t_first
+        return ((len(toks) - 1) / dt if dt > 0 and len(toks) > 1 else 0.0), toks
 
 
 def _mlx_lm_run(model, ids: list[int], max_tokens: int, params: SamplingParams) -> tuple[float, list[int]]:
@@ -144,19 +209,29 @@ def _engine_run(model, ids, depth, max_tokens, params, seed, drafter=None, profi
 def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens: int,
               params: SamplingParams, repeats: int, chat: bool = True, replay: bool = False,
               profile: bool = False, include_mlx_lm: bool = True, seed: int = 0,
-              draft_mode: DraftMode = "filtered", progress=None) -> dict:
+              draft_mode: DraftMode = "filtered", progress=None,
+              vlm: MlxVlmPeer | None = None, vlm_drafts: tuple[int, ...] = ()) -> dict:
     """Returns {"classes": {cls: {label: {...}}}, ...} with median tok/s. ``draft_mode`` is
-    the MTP head's draft policy (``engine.decoding.drafters``)."""
+    the MTP head's draft policy (``engine.decoding.drafters``); ``vlm`` adds mlx-vlm's plain
+    decoding ("mlx_vlm") and its MTP at each of ``vlm_drafts`` drafts a round ("vlm_dN")."""
     carryover_of(model).disk_cache = None  # every run prefills (no disk prompt cache)
     encoded = {c: [model.chat_ids([{"role": "user", "content": p}]) if chat else
                    list(model.tokenizer.encode(p, add_special_tokens=False)) for p in ps]
                for c, ps in prompts.items()}
     labels = (["mlx_lm"] if include_mlx_lm else []) + [str(d) for d in depths]
+    if vlm is not None:
+        labels[1 if include_mlx_lm else 0:0] = (
+            ["mlx_vlm"] + ([f"{VLM_PREFIX}{n}" for n in vlm_drafts] if vlm.draft else []))
     cells = {c: {lab: Cell() for lab in labels} for c in encoded}
     # warm-up (compiles kernels, fills allocator caches)
-    _engine_run(model, next(iter(encoded.values()))[0], 0, 8, params, seed)
+    first = next(iter(encoded.values()))[0]
+    _engine_run(model, first, 0, 8, params, seed)
+    if vlm is not None:
+        for lab in labels:
+            if lab == "mlx_vlm" or lab.startswith(VLM_PREFIX):
+                vlm.run(first, 8, params, set(model.info.eos_token_ids), _vlm_drafts(lab), seed)
     run = dict(max_tokens=max_tokens, params=params, seed=seed, replay=replay, profile=profile,
-               draft_mode=draft_mode)
+               draft_mode=draft_mode, vlm=vlm)
     for rep in range(repeats):
         for cls, id_lists in encoded.items():
             totals = {lab: [0, 0.0] for lab in labels}
@@ -171,22 +246,32 @@ def run_bench(model, *, prompts: dict[str, list[str]], depths: list, max_tokens:
                 cell.tps.append(total_tok / total_s if total_s else 0.0)
                 if progress:
                     progress(f"repeat {rep + 1}/{repeats} {cls} {lab}: {cell.tps[-1]:.1f} tok/s")
-    classes = {c: _report(cells[c]) for c in cells}
+    classes = {c: _report(cells[c], same_tokens=params.temperature == 0) for c in cells}
     return {"classes": classes, "params": params.__dict__,
             "auto_vs_best_fixed": {c: auto_vs_best_fixed(rows) for c, rows in classes.items()
                                    if "auto" in rows},
+            "peers": {c: peer_ratios(rows) for c, rows in classes.items()},
             "max_tokens": max_tokens, "repeats": repeats, "replay": replay,
             "draft_mode": draft_mode}
 
 
+def _vlm_drafts(lab: str) -> int:
+    return int(lab[len(VLM_PREFIX):]) if lab.startswith(VLM_PREFIX) else 0
+
+
 def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, params, seed,
-         replay, profile, draft_mode) -> tuple[int, float]:
+         replay, profile, draft_mode, vlm=None) -> tuple[int, float]:
     """One prompt under one decoder: (decode tokens, decode seconds)."""
     carryover_of(model).reset_prompt_cache()
     mx.reset_peak_memory()
-    if lab == "mlx_lm":
-        tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
+    if lab == "mlx_lm" or lab == "mlx_vlm" or lab.startswith(VLM_PREFIX):
+        if lab == "mlx_lm":
+            tps, toks = _mlx_lm_run(model, ids, max_tokens, params)
+        else:
+            tps, toks = vlm.run(ids, max_tokens, params, set(model.info.eos_token_ids),
+                                _vlm_drafts(lab), seed + i)
         n, secs = len(toks) - 1, (len(toks) - 1) / tps if tps else 0.0
+        cell.tokens.setdefault(i, toks)
     else:
         depth = lab if lab == "auto" else int(lab)
         drafter = None
@@ -197,6 +282,7 @@ def _one(model, cell: Cell, lab: str, ids: list[int], i: int, *, max_tokens, par
         t = _engine_run(model, ids, depth, max_tokens, params, seed + i, drafter, profile,
                         draft_mode)
         cell.summaries.append(t)
+        cell.tokens.setdefault(i, list(t.token_ids))
         s = t.summary()
         n, secs = s.decode_tokens, s.decode_s
     cell.peak_bytes = max(cell.peak_bytes, mx.get_peak_memory())
@@ -222,20 +308,47 @@ def auto_vs_best_fixed(rows: dict[str, dict]) -> dict:
                                 if b > 0]}
 
 
-def _report(cells: dict[str, Cell]) -> dict:
+def _report(cells: dict[str, Cell], *, same_tokens: bool = False) -> dict:
+    """Each decoder's row; with ``same_tokens`` (greedy) also ``same_tokens_as_depth0``:
+    [prompts whose ids equal depth 0's, prompts compared] (a reply may differ at a float
+    near-tie between two libraries' kernels; within this engine every depth must match)."""
     base = statistics.median(cells["0"].tps) if "0" in cells and cells["0"].tps else None
+    ref = cells["0"].tokens if "0" in cells else {}
     out = {}
     for lab, cell in cells.items():
         med = statistics.median(cell.tps) if cell.tps else 0.0
         row = {"tok_s": round(med, 2), "tok_s_all": [round(x, 2) for x in cell.tps],
                "speedup_vs_depth0": round(med / base, 3) if base else None,
                "peak_memory_mib": round(cell.peak_bytes / 2**20, 2)}
+        both = [i for i in cell.tokens if i in ref]
+        if same_tokens and both and lab != "0":
+            row["same_tokens_as_depth0"] = [sum(cell.tokens[i] == ref[i] for i in both),
+                                            len(both)]
         if cell.summaries:
             row.update(_cycle_figures([c for t in cell.summaries for c in t.cycles]))
         out[lab] = row
     best = best_fixed(out)
     for row in out.values():  # every decoder against the class's fastest fixed depth
         row["vs_best_fixed"] = round(row["tok_s"] / out[best]["tok_s"], 3) if best else None
+    return out
+
+
+def peer_ratios(rows: dict[str, dict]) -> dict:
+    """This engine's fastest fixed depth against each peer: mlx-lm, mlx-vlm's plain decoding
+    and mlx-vlm's fastest MTP setting (each by median tok/s); depth 0 against the plain peers."""
+    best = best_fixed(rows)
+    vlm = [lab for lab in rows if lab.startswith(VLM_PREFIX) and rows[lab]["tok_s"] > 0]
+    vlm_best = max(vlm, key=lambda lab: rows[lab]["tok_s"], default=None)
+    out = {"best_depth": int(best) if best else None, "vlm_best": vlm_best}
+
+    def ratio(a, b):
+        return round(rows[a]["tok_s"] / rows[b]["tok_s"], 3) if (
+            a in rows and b in rows and rows[b]["tok_s"] > 0) else None
+
+    out["best_vs_mlx_lm"] = ratio(best, "mlx_lm") if best else None
+    out["best_vs_mlx_vlm_mtp"] = ratio(best, vlm_best) if best and vlm_best else None
+    out["depth0_vs_mlx_lm"] = ratio("0", "mlx_lm")
+    out["depth0_vs_mlx_vlm"] = ratio("0", "mlx_vlm")
     return out
 
 

@@ -1,4 +1,5 @@
-"""``bench``: mlx-lm vs depth 0 vs each depth, one process, median of repeats."""
+"""``bench``: mlx-lm (and mlx-vlm, where installed) vs depth 0 vs each depth, one process,
+median of repeats."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,8 @@ import sys
 
 from engine.types import DRAFT_MODES, MAX_DEPTH
 
-HELP = "benchmark decode speed: mlx-lm's own generation, depth 0 and each MTP depth, side by side"
+HELP = ("benchmark decode speed: mlx-lm's own generation, mlx-vlm's plain and MTP decoding "
+        "(where installed), depth 0 and each MTP depth, side by side")
 
 
 def add_arguments(p) -> None:
@@ -36,6 +38,11 @@ def add_arguments(p) -> None:
                    help="how the MTP head drafts at temperature > 0 (all exact): the target's "
                         "filters (default), softmax only, or its argmax")
     p.add_argument("--no-mlx-lm", action="store_true", help="skip mlx-lm's own generation")
+    p.add_argument("--no-mlx-vlm", action="store_true",
+                   help="skip mlx-vlm's decoding (run only where mlx-vlm is installed)")
+    p.add_argument("--vlm-drafts", default="1,2,3,4", type=_positives, metavar="N,N,...",
+                   help="mlx-vlm's MTP at these drafts a round (its draft_block_size N + 1); "
+                        "each is a row vlm_dN, and the fastest is the peer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sampling", action="store_true",
                    help="only time sampling per verified row at --vocab (no model): the dense "
@@ -215,10 +222,17 @@ def run(args) -> int:
         prompts = load_prompt_sets(model, args.prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
+    vlm, why_not = None, "skipped (--no-mlx-vlm)"
+    if not args.no_mlx_vlm:
+        from engine.bench.side_by_side import MlxVlmPeer
+
+        vlm, why_not = MlxVlmPeer.make(model.info.path, want_mtp=model.info.has_mtp)
     result = run_bench(model, prompts=prompts, depths=depths, max_tokens=args.max_tokens,
                        params=params, repeats=args.repeats, chat=not args.raw, replay=args.replay,
                        profile=args.profile, include_mlx_lm=not args.no_mlx_lm, seed=args.seed,
-                       draft_mode=args.draft_mode, progress=log)
+                       draft_mode=args.draft_mode, progress=log, vlm=vlm,
+                       vlm_drafts=tuple(int(n) for n in args.vlm_drafts.split(",")))
+    result["mlx_vlm"] = _vlm_version() if vlm is not None else why_not
     info = system_info()
     result["model"] = {"path": model.info.path, "params": model.info.num_parameters,
                        "dtype": model.info.dtype, "has_mtp": model.info.has_mtp}
@@ -229,17 +243,28 @@ def run(args) -> int:
     print(f"model {model.info.name} ({model.info.num_parameters / 1e6:.1f}M params, {model.info.dtype}), "
           f"{info['device']}/{info['blas']}, temperature {args.temperature}, "
           f"{args.max_tokens} tokens, median of {args.repeats}" + (", REPLAY drafter" if args.replay else ""))
+    if vlm is None:
+        print(f"mlx-vlm: {why_not}")
     for cls, rows in result["classes"].items():
-        _print_class(cls, rows, result["auto_vs_best_fixed"].get(cls), profile=args.profile)
+        _print_class(cls, rows, result["auto_vs_best_fixed"].get(cls), profile=args.profile,
+                     peers=result["peers"].get(cls))
     return 0
 
 
-def _print_class(cls: str, rows: dict, auto: dict | None, *, profile: bool) -> None:
+def _vlm_version() -> str:
+    from importlib.metadata import version
+
+    return f"mlx-vlm {version('mlx-vlm')}"
+
+
+def _print_class(cls: str, rows: dict, auto: dict | None, *, profile: bool,
+                 peers: dict | None = None) -> None:
     """One class's table; ``vs best`` is each decoder against the class's fastest fixed
-    depth, and a last line says how ``auto`` did against it, repeat by repeat."""
+    depth, ``ids`` the prompts whose greedy tokens equal depth 0's; a line says how ``auto``
+    did against the best fixed depth, repeat by repeat, and one how it did against the peers."""
     print(f"\n[{cls}]")
     print(f"{'decoder':>8} {'tok/s':>8} {'vs d0':>6} {'vs best':>7} {'tok/cyc':>7} {'peak MiB':>8}"
-          "  acceptance rate by position")
+          f" {'ids':>5}  acceptance rate by position")
     for lab, r in rows.items():
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r.get("acceptance_rate_by_position", [])[:4])
         sp = "" if r["speedup_vs_depth0"] is None else f"{r['speedup_vs_depth0']:.2f}x"
@@ -247,9 +272,22 @@ def _print_class(cls: str, rows: dict, auto: dict | None, *, profile: bool) -> N
         share = r.get("time_share")
         split = (" | draft {draft:.0%} verify {verify:.0%} accept {accept:.0%} "
                  "commit {commit:.0%}".format(**share)) if share and profile else ""
+        same = r.get("same_tokens_as_depth0")
+        ids = f"{same[0]}/{same[1]}" if same else ""
         print(f"{lab:>8} {r['tok_s']:8.1f} {sp:>6} {vs:>7} {r.get('tokens_per_cycle', ''):>7} "
-              f"{r['peak_memory_mib']:8.1f}  {acc}{split}")
+              f"{r['peak_memory_mib']:8.1f} {ids:>5}  {acc}{split}")
     if auto and auto["ratio"] is not None:
         each = " ".join(f"{x:.3f}" for x in auto["ratio_by_repeat"])
         print(f"auto / best fixed depth ({auto['best_depth']}): {auto['ratio']:.3f} "
               f"(by repeat: {each})")
+    if peers and peers.get("best_depth") is not None:
+        parts = [f"{name} {peers[key]:.2f}x" for key, name in (
+            ("best_vs_mlx_lm", "/ mlx-lm"),
+            ("best_vs_mlx_vlm_mtp", f"/ mlx-vlm MTP ({peers.get('vlm_best')})"))
+            if peers.get(key) is not None]
+        plain = [f"{name} {peers[key]:.2f}x" for key, name in (
+            ("depth0_vs_mlx_lm", "/ mlx-lm"), ("depth0_vs_mlx_vlm", "/ mlx-vlm plain"))
+            if peers.get(key) is not None]
+        if parts:
+            print(f"best depth ({peers['best_depth']}) " + ", ".join(parts)
+                  + ("; depth 0 " + ", ".join(plain) if plain else ""))
