@@ -45,6 +45,11 @@ MTP ``fc`` input        two norms, concat, ``fc`` compiled          uncompiled
                         (``head._mtpchat_fc``)
 ======================  ==========================================  ==========================
 
+On the CPU branch the trunk's layers are one share group (``trunk.share_compiled``, set by
+``forward_hidden``): each compiled function above is traced once per input shape for all the
+model's layers of the same structure and replayed on each layer's own weights (a fresh
+process's first burst of streams meets a dozen new shapes; it traced each once per layer).
+
 ``gated_delta_update`` runs mlx-lm's Metal kernel only when the default device is the GPU and
 Metal is available (and the key head dim is a multiple of 32); anywhere else -- the CPU, an
 MLX GPU without Metal -- it falls back by itself to ``gated_delta_ops``, the same

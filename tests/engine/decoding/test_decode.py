@@ -494,6 +494,54 @@ def test_compiled_linear_layer_is_mlx_lms_and_sees_new_weights(tiny_model):
     assert not np.array_equal(np.array(after), np.array(before))
 
 
+def test_a_models_layers_share_one_trace_per_shape_each_on_its_own_weights(tiny_dir):
+    """The trunk's layers are one share group (``trunk.share_compiled``): a new input shape is
+    traced once for all GDN layers (and once for all attention layers), and each layer's call
+    replays that trace on its OWN weights: every layer equals mlx-lm's decoder layer bit for
+    bit, over 1 and 3 tokens. A second model never shares the first one's traces."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+
+    from engine.models import trunk
+
+    model = engine.load(tiny_dir)  # a model of its own: no trace from another test
+    text = model.text_model
+    inner = text.model
+    H = text.args.hidden_size
+    trunk.forward_hidden(text, mx.array([[1, 2, 3]]), make_prompt_cache(model.trunk))
+    group = inner.__dict__["_mtpchat_group"]
+    linear = [x for x in inner.layers if x.is_linear]
+    full = [x for x in inner.layers if not x.is_linear]
+    assert len(linear) >= 2 and full
+    for S in (1, 3):
+        x = mx.random.normal((1, S, H), key=mx.random.key(20 + S))
+        for i, layer in enumerate(linear):
+            gdn = layer.linear_attn
+            conv = mx.random.normal((1, gdn.conv_kernel_size - 1, gdn.conv_dim),
+                                    key=mx.random.key(30 + i))
+            state = mx.random.normal((1, gdn.num_v_heads, gdn.head_v_dim, gdn.head_k_dim),
+                                     key=mx.random.key(40 + i)) * 0.1
+            mine, ref = ArraysCache(size=2), ArraysCache(size=2)
+            mine[0], mine[1] = conv, state
+            ref[0], ref[1] = conv, state
+            got, _ = trunk.linear_layer(layer, x, mine, cpu=True)
+            want = layer(x, mask=None, cache=ref)
+            assert np.array_equal(np.array(got), np.array(want)), (S, i)
+            assert np.array_equal(np.array(mine[1]), np.array(ref[1])), (S, i)
+        for i, layer in enumerate(full):
+            mine, ref = KVCache(), KVCache()
+            got = trunk.attention_layer(layer, x, "causal" if S > 1 else None, mine, cpu=True)
+            want = layer(x, "causal" if S > 1 else None, ref)
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+    tables = {id(x.__dict__["_mtpchat_layer"]) for x in linear}
+    assert len(tables) == 1  # one table of traces for every GDN layer
+    shapes = next(iter(x.__dict__["_mtpchat_layer"] for x in linear))
+    assert {k[0] for k in shapes} >= {(1, 1, H), (1, 3, H)}
+    assert len([k for k in group if k[0] == "_mtpchat_attn_in"]) == 1
+    other = engine.load(tiny_dir)
+    trunk.forward_hidden(other.text_model, mx.array([[1, 2]]), make_prompt_cache(other.trunk))
+    assert other.text_model.model.__dict__["_mtpchat_group"] is not group
+
+
 def test_compiled_mlp_half_sees_new_weights(tiny_model):
     """Weights changed in place after a layer's MLP half was compiled are the ones it uses."""
     from engine.models import trunk
