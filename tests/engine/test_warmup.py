@@ -163,3 +163,40 @@ def test_the_next_process_starts_from_the_figures_a_warm_up_kept(tiny_model):
         path.unlink(missing_ok=True)
         carryover_of(tiny_model).cost_hints.clear()
         carryover_of(tiny_model).acceptance_hint.clear()
+
+
+def test_a_request_at_the_start_finds_the_scheduler_thread_free(tiny_model, monkeypatch):
+    """A scheduler thread of its own (a server's) steps its warm-up only once no request has
+    run for ``WARM_IDLE_S``: a request sent as the server starts listening begins before any
+    warm-up step, and the warm-up still runs to its end once the thread is idle."""
+    from engine.core import scheduler as sched_mod
+
+    monkeypatch.setattr(sched_mod, "WARM_IDLE_S", 1.0)
+    steps: list[float] = []
+    sched = Scheduler(model=tiny_model, max_streams=2)
+    sched.add_warmup_listener(lambda d, t: steps.append(time.monotonic()))
+    sched.start()
+    try:
+        sched.wait_ready(30)
+        items: list = []
+        done = threading.Event()
+
+        def sink(item) -> None:
+            items.append(item)
+            if isinstance(item, Done):
+                done.set()
+        sched.submit(GenRequest(id="r", prompt_ids=tuple(tiny_model.tokenizer.encode("hello")),
+                                max_tokens=8, depth=2, sampling=SamplingParams(temperature=0.0)),
+                     sink)
+        assert done.wait(60)
+        ended = time.monotonic()
+        assert sched.warmup.done == 0 and not steps  # nothing of it ran before or during
+        deadline = time.time() + 90
+        while not sched.warmup.finished and time.time() < deadline:
+            time.sleep(0.05)
+        assert sched.warmup.finished and sched.warmup.done == sched.warmup.total
+        assert steps and steps[0] - ended >= 0.9  # it waited for the idle second
+    finally:
+        sched.stop()
+        carryover_of(tiny_model).cost_hints.clear()
+        carryover_of(tiny_model).acceptance_hint.clear()
