@@ -16,6 +16,10 @@ through HTTP (``/v1/chat/completions``, SSE, greedy):
    (decode tok/s: tokens after the first over the time from the first to the last; goal: the
    first >= 0.9 x the warm ones).
 
+Every server gets a new empty ``MTPCHAT_HOME`` (``--keep-home``: the environment's), so each
+is a first start on the machine: before, the ``off`` server read the warm-up figures the ``on``
+server of the same round had saved, and its first burst looked better for it.
+
 Prints medians over ``--rounds`` and the per-round figures. Fresh processes load the model
 each time (seconds each): keep ``--rounds`` small on a loaded machine, where every figure is
 noisy; the interleaving (on/off in alternating order) is what makes the ratios comparable.
@@ -25,9 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -43,12 +49,16 @@ QUESTIONS = ("Write a Python function that reverses a list, with a docstring.",
              "How do I sort a dict by value in Python?")
 
 
-def start_server(model: str | None, warmup: bool, extra: list[str] = ()) -> tuple:
-    """(process, url) of a fresh ``engine serve``, returned once it listens."""
+def start_server(model: str | None, warmup: bool, extra: list[str] = (),
+                 home: str | None = None) -> tuple:
+    """(process, url) of a fresh ``engine serve``, returned once it listens; ``home``: its
+    ``MTPCHAT_HOME`` (default: the environment's)."""
     cmd = [sys.executable, "-m", "engine", "serve", "--json", "--port", "0", *extra]
     if model:
         cmd += ["--model", model]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MTP_WARMUP="1" if warmup else "0")
+    if home is not None:
+        env["MTPCHAT_HOME"] = home
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line:
@@ -133,9 +143,17 @@ def tagged(tag: str, n: int) -> list[str]:
     return [f"({tag}) {QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
 
 
+def _home(args) -> str | None:
+    """A new empty ``MTPCHAT_HOME`` for one server (``--keep-home``: the environment's): a
+    server must not start from the warm-up figures (``warmup.json``) or prompt cache an
+    earlier server of the run left, or ``off`` would measure the ``on`` server's warm-up."""
+    return None if args.keep_home else tempfile.mkdtemp(prefix="mtpchat-cold-")
+
+
 def burst_round(model, mode: str, args) -> dict:
     n = args.streams
-    proc, url = start_server(model, mode != "off", ["--max-streams", str(n)])
+    home = _home(args)
+    proc, url = start_server(model, mode != "off", ["--max-streams", str(n)], home)
     try:
         waited = wait_warm(url) if mode == "settled" else 0.0
         first = burst(url, tagged("a", n), args.tokens, args.burst_depth)
@@ -144,18 +162,23 @@ def burst_round(model, mode: str, args) -> dict:
                                  for t in ("c", "d"))
     finally:
         stop_server(proc)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)
     return {"mode": mode, "first": first, "sequential": seq, "warm": warm, "waited_s": waited,
             "first/warm": first / warm, "first/sequential": first / seq}
 
 
 def reply_round(model, mode: str, args) -> dict:
-    proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)])
+    home = _home(args)
+    proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)], home)
     try:
         first = decode_rate(url, tagged("a", 1)[0], args.tokens, args.depth)
         warm = statistics.median(decode_rate(url, tagged(t, 1)[0], args.tokens, args.depth)
                                  for t in ("b", "c"))
     finally:
         stop_server(proc)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)
     return {"mode": mode, "first": first, "warm": warm, "first/warm": first / warm}
 
 
@@ -181,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-depth", default="auto", help="the bursts' depth (auto or 0..6)")
     p.add_argument("--skip-replies", action="store_true")
     p.add_argument("--skip-bursts", action="store_true")
+    p.add_argument("--keep-home", action="store_true",
+                   help="every server uses the environment's MTPCHAT_HOME (its saved warm-up "
+                        "figures and prompt cache) instead of a new empty one")
     args = p.parse_args(argv)
     if args.burst_depth != "auto":
         args.burst_depth = int(args.burst_depth)
