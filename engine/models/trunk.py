@@ -4,6 +4,7 @@ that captures the Gated DeltaNet state after every step so a rejection never re-
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -194,16 +195,18 @@ class _Shared:
     the next layer's own weights: a new input shape is traced once per model, not once per
     layer (a GDN layer's trace is 0.6-1.3 ms on the demo, its replay 0.06-0.15 ms)."""
 
-    __slots__ = ("inputs", "fn", "compiled")
+    __slots__ = ("inputs", "fn", "compiled", "lock")
 
     def __init__(self, body) -> None:
         self.inputs: list = [None]
         self.fn = None
         self.compiled = mx.compile(body, inputs=self.inputs)
+        self.lock = threading.Lock()  # a model is decoded by one thread, but never mix two
 
     def __call__(self, fn, inputs, *args):
-        self.inputs[0], self.fn = inputs, fn
-        return self.compiled(*args)
+        with self.lock:
+            self.inputs[0], self.fn = inputs, fn
+            return self.compiled(*args)
 
 
 def share_compiled(modules, group: dict | None = None) -> dict:

@@ -92,6 +92,22 @@ def test_warmup_cancel_and_switch(tiny_model, monkeypatch):
     assert warmup.for_model(object(), max_streams=2) is None  # a scripted fake: nothing to warm
 
 
+def _reply(sched, model) -> list:
+    """Submit a short greedy request to ``sched`` and wait for it; its items."""
+    items: list = []
+    done = threading.Event()
+
+    def sink(item) -> None:
+        items.append(item)
+        if isinstance(item, Done):
+            done.set()
+    sched.submit(GenRequest(id="r", prompt_ids=tuple(model.tokenizer.encode("hello")),
+                            max_tokens=8, depth=2, sampling=SamplingParams(temperature=0.0)),
+                 sink)
+    assert done.wait(60)
+    return items
+
+
 def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
     progress: list[tuple[int, int]] = []
     sched = Scheduler(model=tiny_model, max_streams=4)
@@ -103,18 +119,8 @@ def test_request_preempts_the_warmup_and_it_resumes(tiny_model):
         assert started.wait(60), "the warm-up never reported progress"
         w = sched.warmup
         assert w is not None and sched.status()["warmup"]["total"] == w.total
-        items: list = []
-        done = threading.Event()
         submitted_during = not w.finished
-
-        def sink(item) -> None:
-            items.append(item)
-            if isinstance(item, Done):
-                done.set()
-        sched.submit(GenRequest(id="r", prompt_ids=tuple(tiny_model.tokenizer.encode("hello")),
-                                max_tokens=8, depth=2, sampling=SamplingParams(temperature=0.0)),
-                     sink)
-        assert done.wait(60)
+        items = _reply(sched, tiny_model)
         waited = next(i.waited_s for i in items if isinstance(i, Started))
         if submitted_during:  # at most one warm-up step stood before it
             assert waited < 5.0
@@ -178,17 +184,7 @@ def test_a_request_at_the_start_finds_the_scheduler_thread_free(tiny_model, monk
     sched.start()
     try:
         sched.wait_ready(30)
-        items: list = []
-        done = threading.Event()
-
-        def sink(item) -> None:
-            items.append(item)
-            if isinstance(item, Done):
-                done.set()
-        sched.submit(GenRequest(id="r", prompt_ids=tuple(tiny_model.tokenizer.encode("hello")),
-                                max_tokens=8, depth=2, sampling=SamplingParams(temperature=0.0)),
-                     sink)
-        assert done.wait(60)
+        _reply(sched, tiny_model)
         ended = time.monotonic()
         assert sched.warmup.done == 0 and not steps  # nothing of it ran before or during
         deadline = time.time() + 90
