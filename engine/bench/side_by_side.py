@@ -127,8 +127,8 @@ class MlxVlmPeer:
     default chunked prefill primes the drafter from the last prompt token only). ``make``
     returns None, with the reason, where mlx-vlm is not installed or cannot read the model."""
 
-    def __init__(self, model, draft, kind: str, tmp) -> None:
-        self.model, self.draft, self.kind, self._tmp = model, draft, kind, tmp
+    def __init__(self, model, draft, kind: str | None) -> None:
+        self.model, self.draft, self.kind = model, draft, kind
 
     @classmethod
     def make(cls, path: str, *, want_mtp: bool) -> tuple["MlxVlmPeer | None", str]:
@@ -144,17 +144,18 @@ class MlxVlmPeer:
         logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
         try:
             model, _processor = load(path)
-            draft = kind = tmp = None
+            draft = kind = None
             if want_mtp:
                 from mlx_vlm.speculative.drafters import load_drafter
                 from mlx_vlm.split_mtp import split_mtp
 
-                tmp = tempfile.TemporaryDirectory(prefix="mtpchat-vlm-drafter-")
-                split_mtp(path, tmp.name)
-                draft, kind = load_drafter(tmp.name, kind="mtp")
+                with tempfile.TemporaryDirectory(prefix="mtpchat-vlm-drafter-") as tmp:
+                    split_mtp(path, tmp)
+                    draft, kind = load_drafter(tmp, kind="mtp")
+                    mx.eval(draft.parameters())  # read before the folder goes
         except Exception as e:  # noqa: BLE001 - reported, the rest of the bench runs
             return None, f"mlx-vlm could not load {path}: {type(e).__name__}: {e}"
-        return cls(model, draft, kind, tmp), ""
+        return cls(model, draft, kind), ""
 
     def run(self, ids: list[int], max_tokens: int, params: SamplingParams, eos: set[int],
             drafts: int, seed: int) -> tuple[float, list[int]]:

@@ -222,11 +222,7 @@ def run(args) -> int:
         prompts = load_prompt_sets(model, args.prompts)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     log = (lambda m: print(m, file=sys.stderr)) if not args.json else None
-    vlm, why_not = None, "skipped (--no-mlx-vlm)"
-    if not args.no_mlx_vlm:
-        from engine.bench.side_by_side import MlxVlmPeer
-
-        vlm, why_not = MlxVlmPeer.make(model.info.path, want_mtp=model.info.has_mtp)
+    vlm, why_not = _vlm_peer(args, model)
     result = run_bench(model, prompts=prompts, depths=depths, max_tokens=args.max_tokens,
                        params=params, repeats=args.repeats, chat=not args.raw, replay=args.replay,
                        profile=args.profile, include_mlx_lm=not args.no_mlx_lm, seed=args.seed,
@@ -249,6 +245,15 @@ def run(args) -> int:
         _print_class(cls, rows, result["auto_vs_best_fixed"].get(cls), profile=args.profile,
                      peers=result["peers"].get(cls))
     return 0
+
+
+def _vlm_peer(args, model) -> tuple:
+    """(mlx-vlm's decoding of the model or None, why not)."""
+    if args.no_mlx_vlm:
+        return None, "skipped (--no-mlx-vlm)"
+    from engine.bench.side_by_side import MlxVlmPeer
+
+    return MlxVlmPeer.make(model.info.path, want_mtp=model.info.has_mtp)
 
 
 def _vlm_version() -> str:

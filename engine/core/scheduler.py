@@ -154,7 +154,6 @@ class Scheduler:
         self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
         self.completed = 0
         self.warmup = None  # engine.core.warmup.WarmUp of the model now loaded (or None)
-        self._idle_since = time.monotonic()  # when the last request ended (or the start)
         self._warm_listeners: list[Callable[[int, int], None]] = []
         self.memory = MemoryGate(memory_budget)
         self._held: list[tuple[GenRequest, Sink]] = []  # taken, waiting for memory
@@ -301,27 +300,21 @@ class Scheduler:
                 self._ready.set()
                 return
         self._start_warmup(self.model)
-        self._idle_since = time.monotonic()
         self._ready.set()
         while self._run_job(self._next_job()):
             pass
 
     def _next_job(self) -> tuple[GenRequest, Sink] | None:
-        """The next request; once none has run for ``WARM_IDLE_S``, the warm-up runs one step
-        at a time while none waits."""
-        while True:
-            warm = self.warmup
-            if warm is None or warm.finished:
-                return self._queue.get()
-            wait = self._idle_since + WARM_IDLE_S - time.monotonic()
-            if wait > 0:
-                try:
-                    return self._queue.get(timeout=wait)
-                except queue.Empty:
-                    continue
-            self.warm_step()  # nothing when a request came meanwhile: it is taken next
-            if (job := _poll(self._queue)) is not _EMPTY:
+        """The next request (called as the last one ends); once none has run for
+        ``WARM_IDLE_S``, the warm-up runs one step at a time while none waits."""
+        idle_since = time.monotonic()
+        while self.warmup is not None and not self.warmup.finished:
+            wait = idle_since + WARM_IDLE_S - time.monotonic()
+            if wait <= 0:
+                self.warm_step()  # nothing when a request came meanwhile: it is taken next
+            if (job := _poll(self._queue, wait)) is not _EMPTY:
                 return job
+        return self._queue.get()
 
     # ------------------------------------------------------------------ warm-up
     def status(self) -> dict:
@@ -367,10 +360,7 @@ class Scheduler:
     def _run_job(self, job: tuple[GenRequest, Sink] | None) -> bool:
         if job is None:
             return False
-        try:
-            return self._run_batch(job)
-        finally:
-            self._idle_since = time.monotonic()
+        return self._run_batch(job)
 
     def _begin(self, req: GenRequest) -> None:
         with self._lock:
@@ -546,10 +536,10 @@ _EMPTY = object()  # what ``_poll`` gives when nothing waits (None is the stop s
 WARM_IDLE_S = 0.3
 
 
-def _poll(q: queue.Queue):
-    """The queue's next item without waiting, or ``_EMPTY``."""
+def _poll(q: queue.Queue, wait: float = 0.0):
+    """The queue's next item, waiting up to ``wait`` seconds (none when <= 0), or ``_EMPTY``."""
     try:
-        return q.get_nowait()
+        return q.get(timeout=wait) if wait > 0 else q.get_nowait()
     except queue.Empty:
         return _EMPTY
 
