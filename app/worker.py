@@ -66,6 +66,7 @@ import engine
 from app.errors import describe
 from engine.core.scheduler import (
     Done, Failed, GenRequest, Item, QueueFull, Scheduler, SchedulerClosed)
+from engine.core.threadexit import release_thread_streams
 from engine.decoding.decoder import DEFAULT_STREAMS
 from engine.depth import tuner
 from engine.errors import EngineError, GenerationError
@@ -463,6 +464,9 @@ class WorkerThread:
         self.thread.setObjectName("mtpchat-worker")
         self.worker = Worker(loader=loader)
         self.worker.moveToThread(self.thread)
+        # run on the worker's thread as it ends (DirectConnection): its MLX state is dropped
+        # while the interpreter is whole, or the process may abort at exit
+        self.thread.finished.connect(release_thread_streams, Qt.ConnectionType.DirectConnection)
         self.thread.start()
 
     def shutdown(self, *, timeout_ms: int = 120_000) -> bool:

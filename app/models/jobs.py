@@ -96,7 +96,7 @@ class ThreadJob(QObject):
         return _message(exc)
 
     def _run(self) -> None:
-        from engine.hub.pull import release_thread_streams
+        from engine.core.threadexit import release_thread_streams
 
         try:
             result = self.work(self._cancel)

@@ -70,7 +70,7 @@ def _report(res) -> None:
 
 def run(args) -> int:
     from engine.hub.graft import MIN_ACCEPTANCE, Grafter
-    from engine.hub.pull import release_thread_streams
+    from engine.core.threadexit import release_thread_streams
     from engine.hub.store import Store
 
     cancel = threading.Event()

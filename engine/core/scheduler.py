@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.core.memory import MemoryGate, cut_note
+from engine.core.threadexit import releasing
 from engine.errors import EngineError
 from engine.metrics.summary import ReplySummary, ReplyTally
 from engine.types import Depth, Event, ModelInfo, SamplingParams
@@ -151,7 +152,8 @@ class Scheduler:
         self._load_error: BaseException | None = None
         self._observers: list[Observer] = []
         self._sinks: dict[int, tuple[GenRequest, Sink]] = {}  # started, not finished
-        self._thread = threading.Thread(target=self._work, name="mtp-scheduler", daemon=True)
+        self._thread = threading.Thread(target=releasing(self._work), name="mtp-scheduler",
+                                        daemon=True)  # see engine/core/threadexit.py
         self.completed = 0
         self.warmup = None  # engine.core.warmup.WarmUp of the model now loaded (or None)
         self._warm_listeners: list[Callable[[int, int], None]] = []

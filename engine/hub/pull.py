@@ -9,7 +9,6 @@ that way (the streaming pull refuses them after reading config.json, before writ
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import replace
@@ -55,24 +54,6 @@ def pull(repo_id: str, *, revision: str = "main", convert_bits: int | None = Non
         return result
     return _convert(result, convert_fn, bits=convert_bits, group_size=group_size, store=store,
                     progress=progress, cancel=cancel, revision=revision)
-
-
-def release_thread_streams() -> None:
-    """Call last in a thread that ran ``pull`` (a conversion evaluates MLX arrays there):
-    its MLX work is finished and its streams destroyed while the interpreter is whole.
-    Left to MLX's thread-local destructors, they raced the interpreter's teardown and now
-    and then aborted the process after "installed" ("terminate called without an active
-    exception", exit -6; MLX's own advice: ``clear_streams`` before a thread ends)."""
-    import sys
-
-    mx = sys.modules.get("mlx.core")  # nothing to release where MLX was never imported
-    if mx is None:
-        return
-    try:
-        mx.synchronize()
-        mx.clear_streams()
-    except Exception:  # noqa: BLE001 - never hide the pull's own outcome behind this
-        logging.getLogger(__name__).debug("could not release MLX streams", exc_info=True)
 
 
 def _convert_progress(progress: ProgressFn | None, base: DownloadProgress):
