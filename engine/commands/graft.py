@@ -69,8 +69,8 @@ def _report(res) -> None:
 
 
 def run(args) -> int:
-    from engine.hub.graft import MIN_ACCEPTANCE, Grafter
     from engine.core.threadexit import release_thread_streams
+    from engine.hub.graft import MIN_ACCEPTANCE, Grafter
     from engine.hub.store import Store
 
     cancel = threading.Event()

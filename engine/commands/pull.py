@@ -61,8 +61,8 @@ def _printer(as_json: bool):
 
 
 def run(args) -> int:
-    from engine.hub.client import parse_repo_ref
     from engine.core.threadexit import release_thread_streams
+    from engine.hub.client import parse_repo_ref
     from engine.hub.pull import pull
     from engine.hub.store import Store
 

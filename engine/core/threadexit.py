@@ -17,24 +17,37 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+_thread = threading.local()
 
 
-def release_thread_streams() -> None:
-    """Call last in a thread that evaluated MLX arrays or called a compiled function: its MLX
-    work is finished and its per-thread state dropped while the interpreter is whole. Never
-    raises (it runs in ``finally`` blocks, where it must not hide the thread's own outcome)."""
+def note_mlx_thread() -> None:
+    """Where a thread starts MLX work (a model's load, a decoder): ``release_thread_streams``
+    then waits for that work before dropping the thread's streams."""
+    _thread.used = True
+
+
+def release_thread_streams(*, synchronize: bool | None = None) -> None:
+    """Call last in a thread that may have run MLX: its MLX work is finished (``synchronize``;
+    by default where ``note_mlx_thread`` was called on it) and its per-thread state dropped
+    while the interpreter is whole. A thread that never ran MLX is not made to: waiting would
+    create its default stream, and MLX's ``import_function`` binds to the process's first
+    stream, whichever thread owns it. Never raises (it runs in ``finally`` blocks, where it
+    must not hide the thread's own outcome)."""
     mx = sys.modules.get("mlx.core")  # nothing to release where MLX was never imported
     if mx is None:
         return
+    if synchronize is None:
+        synchronize = getattr(_thread, "used", False)
     try:
-        mx.synchronize()
+        if synchronize:
+            mx.synchronize()
         mx.clear_streams()
     except Exception:  # noqa: BLE001
         log.debug("could not release this thread's MLX state", exc_info=True)
-
 
 def releasing(fn: Callable[[], None]) -> Callable[[], None]:
     """``fn`` as a thread's target: ``release_thread_streams`` runs after it, however it ends."""

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from engine.core.threadexit import note_mlx_thread
 from engine.decoding import draw, output, plain, speculative
 from engine.decoding.admission import Admission
 from engine.decoding.batch_caches import Batch
@@ -58,6 +59,7 @@ class BatchDecoder:
                  use_mtp: bool = True, profile: bool = False, share=None) -> None:
         if max_streams < 1:
             raise GenerationError(f"max_streams must be at least 1, not {max_streams}")
+        note_mlx_thread()
         if carryover is None:
             from engine.core.carryover import carryover_of
 

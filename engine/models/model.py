@@ -209,6 +209,7 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     """
     import mlx.core as mx
 
+    from engine.core.threadexit import note_mlx_thread
     from engine.hub.store import resolve_model
     from engine.models.build import build
     from engine.models.checkpoint import read_checkpoint
@@ -223,6 +224,7 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
         prepare(built, ckpt)
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
+    note_mlx_thread()
     try:
         mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {},
                 built.vision.parameters() if built.vision is not None else {})
