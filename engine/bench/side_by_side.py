@@ -124,7 +124,9 @@ class MlxVlmPeer:
     """mlx-vlm's own decoding on the same weights: its ``load`` of the model folder, and the
     ``qwen3_5_mtp`` drafter its ``split_mtp`` makes from the folder's ``mtp.*`` tensors,
     decoded by its ``generate_step`` (``draft_kind="mtp"``, ``prefill_step_size=None``: its
-    default chunked prefill primes the drafter from the last prompt token only). ``make``
+    default chunked prefill primes the drafter from the last prompt token only). Its layers
+    get the engine's weight products (``cpu_products.adopt``), as mlx-lm's row does by running
+    on the engine's own modules: the table compares decoders, not BLAS calls. ``make``
     returns None, with the reason, where mlx-vlm is not installed or cannot read the model."""
 
     def __init__(self, model, draft, kind: str | None) -> None:
@@ -155,6 +157,11 @@ class MlxVlmPeer:
                     mx.eval(draft.parameters())  # read before the folder goes
         except Exception as e:  # noqa: BLE001 - reported, the rest of the bench runs
             return None, f"mlx-vlm could not load {path}: {type(e).__name__}: {e}"
+        from engine.models import cpu_products
+
+        for part in (model, draft):  # the products every row of the table runs
+            if part is not None:
+                cpu_products.adopt(part)
         return cls(model, draft, kind), ""
 
     def run(self, ids: list[int], max_tokens: int, params: SamplingParams, eos: set[int],

@@ -211,6 +211,7 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
 
     from engine.core.threadexit import note_mlx_thread
     from engine.hub.store import resolve_model
+    from engine.models import cpu_products
     from engine.models.build import build
     from engine.models.checkpoint import read_checkpoint
 
@@ -225,6 +226,9 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
     note_mlx_thread()
+    for part in (built.trunk, built.mtp):  # OpenBLAS's small kernel (engine/models/cpu_products.py)
+        if part is not None:
+            cpu_products.adopt(part)
     try:
         mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {},
                 built.vision.parameters() if built.vision is not None else {})

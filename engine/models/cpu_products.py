@@ -1,0 +1,125 @@
+"""Weight products in column blocks OpenBLAS computes with its small-matrix kernel.
+
+MLX computes ``x @ W.T`` on a Linux CPU with OpenBLAS's ``sgemm``. On the x86 cores with
+AVX-512 (OpenBLAS's SkylakeX, Cooperlake and SapphireRapids kernels) ``sgemm`` takes a
+direct small-matrix kernel when its permit allows -- for this transposed product, rows x
+columns <= 1200 and rows x columns x inner <= 100**3 -- and otherwise packs the whole weight
+into a scratch buffer first. A decode step's products (one row) mostly pass; a verify's (one
+row per drafted token) mostly do not, and the LM head never does: packing was 20 % of a depth-3
+decode's time on the demo, more than the products themselves.
+
+``adopt(module)`` turns every plain ``nn.Linear`` and ``nn.Embedding`` (its ``as_linear``, the
+tied LM head) of a model into a subclass whose product splits the weight's rows (the output
+columns) into blocks within the permit, for up to ``MAX_ROWS`` input rows and where a block
+carries enough work. Each output element is then the small kernel's dot product, so a row's
+result is the same bits alone, in a verify or in a batch, at every row count for which
+``small_kernel`` holds (OpenBLAS's two paths round differently: with whole products a row
+alone and the same row among four were not bit-identical for 512 x 192 or 1024 x 192
+weights). Elsewhere (Accelerate, other BLAS, other cores) nothing changes.
+``MTPCHAT_BLOCK_PRODUCTS=0`` turns it off, ``=1`` on.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine import _blas
+
+log = logging.getLogger(__name__)
+
+ENV = "MTPCHAT_BLOCK_PRODUCTS"
+SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+MAX_RN = 1200          # OpenBLAS's permit for the transposed small kernel: rows x columns
+MAX_RNK = 100 ** 3     # and rows x columns x inner
+MIN_BLOCK_WORK = 1 << 15  # columns x inner of a block, at least: less, and the dispatches
+                          # cost more than the packing saved (measured: docs/benchmarks.md)
+MAX_ROWS = 16             # more rows: the packed kernel amortizes its packing
+
+_state: dict[str, bool] = {}
+
+
+def _core_name() -> str:
+    path = _blas.blas_info().get("path")
+    if _blas.blas_info().get("blas") != "openblas" or not path:
+        return ""
+    try:
+        lib = ctypes.CDLL(path)
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return (lib.openblas_get_corename() or b"").decode().lower()
+    except (OSError, AttributeError):
+        return ""
+
+
+def enabled() -> bool:
+    """Whether products run in blocks here: the environment, else an OpenBLAS whose core has
+    the small kernel, computing on the CPU."""
+    if "on" not in _state:
+        env = os.environ.get(ENV, "").strip().lower()
+        if env in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+            _state["on"] = env in ("1", "true", "on", "yes")
+        else:
+            _state["on"] = (mx.default_device() == mx.cpu
+                            and _core_name() in SMALL_KERNEL_CORES)
+        log.debug("block products: %s", _state["on"])
+    return _state["on"]
+
+
+def block_width(rows: int, cols: int, inner: int) -> int | None:
+    """Columns per block for ``rows`` input rows and a [cols, inner] weight; None: whole."""
+    if rows > MAX_ROWS or inner < 32:
+        return None
+    if rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK:
+        return None  # the whole product already takes the small kernel
+    width = min(MAX_RN // rows, MAX_RNK // (rows * inner))
+    width = 1 << (width.bit_length() - 1) if width > 0 else 0
+    return width if width and width * inner >= MIN_BLOCK_WORK else None
+
+
+def small_kernel(rows: int, cols: int, inner: int) -> bool:
+    """Whether ``product`` computes every output with the small kernel (in blocks or whole):
+    then a row's result is the same bits at any such row count."""
+    whole = rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK and inner >= 32
+    return whole or block_width(rows, cols, inner) is not None
+
+
+def product(x: mx.array, weight: mx.array) -> mx.array:
+    """``x @ weight.T`` in column blocks where ``block_width`` says so."""
+    cols, inner = weight.shape
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    width = block_width(rows, cols, inner)
+    if width is None:
+        return x @ weight.T
+    return mx.concatenate([x @ weight[i:i + width].T for i in range(0, cols, width)], axis=-1)
+
+
+class BlockLinear(nn.Linear):
+    def __call__(self, x: mx.array) -> mx.array:
+        y = product(x, self["weight"])
+        return y + self["bias"] if "bias" in self else y
+
+
+class BlockEmbedding(nn.Embedding):
+    def as_linear(self, x: mx.array) -> mx.array:
+        return product(x, self.weight)
+
+
+def adopt(module: nn.Module) -> int:
+    """Turn ``module``'s plain Linear and Embedding layers into the block ones (same weights,
+    same parameters); how many. Nothing where ``enabled()`` is False."""
+    if not enabled():
+        return 0
+    n = 0
+    for _name, m in module.named_modules():
+        if type(m) is nn.Linear:
+            m.__class__ = BlockLinear
+            n += 1
+        elif type(m) is nn.Embedding:
+            m.__class__ = BlockEmbedding
+            n += 1
+    return n

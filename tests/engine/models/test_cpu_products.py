@@ -1,0 +1,91 @@
+"""Weight products in column blocks for OpenBLAS's small kernel (engine/models/cpu_products.py)."""
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from engine.models import cpu_products as cp
+
+
+@pytest.fixture
+def blocks_on(monkeypatch):
+    monkeypatch.setitem(cp._state, "on", True)
+
+
+def test_block_width_keeps_every_block_inside_the_permit():
+    assert cp.block_width(1, 512, 192) is None      # 512 columns: the whole product passes
+    assert cp.block_width(4, 512, 192) == 256       # 2048 > 1200: blocks of 256 (1024 each)
+    assert cp.block_width(1, 4096, 192) == 1024     # the demo's LM head, one row
+    assert cp.block_width(4, 4096, 192) == 256
+    assert cp.block_width(1, 6144, 1024) == 512     # rows x cols x inner <= 100**3 too
+    assert cp.block_width(17, 4096, 1024) is None   # more rows than MAX_ROWS: whole
+    assert cp.block_width(8, 4096, 192) is None     # blocks of 128 x 192: too little work each
+    assert cp.block_width(16, 2048, 1024) == 32     # 32 x 1024 is enough
+    assert cp.block_width(2, 512, 16) is None       # the small kernel refuses inner < 32
+    for rows in range(1, cp.MAX_ROWS + 1):
+        for cols, inner in ((512, 192), (4096, 192), (6144, 1024), (2048, 1024)):
+            w = cp.block_width(rows, cols, inner)
+            if w is not None:
+                assert rows * w <= cp.MAX_RN and rows * w * inner <= cp.MAX_RNK
+                assert w * inner >= cp.MIN_BLOCK_WORK
+
+
+@pytest.mark.parametrize("cols,inner", [(512, 192), (4096, 192), (1024, 192), (576, 192),
+                                        (192, 512), (1000, 64)])
+def test_blocked_product_is_the_product_and_a_row_is_the_same_bits_in_any_batch(cols, inner):
+    rng = np.random.default_rng(cols + inner)
+    w = mx.array(rng.normal(size=(cols, inner)).astype(np.float32))
+    x = mx.array(rng.normal(size=(cp.MAX_ROWS, inner)).astype(np.float32))
+    whole = np.array(x @ w.T)
+    for rows in range(1, cp.MAX_ROWS + 1):
+        got = np.array(cp.product(x[:rows], w))
+        np.testing.assert_allclose(got, whole[:rows], rtol=2e-5, atol=2e-5)
+    if cp._core_name() not in cp.SMALL_KERNEL_CORES:
+        pytest.skip(f"bit-identity is the small kernel's; this BLAS core: {cp._core_name()!r}")
+    alone = [np.array(cp.product(x[r:r + 1], w)) for r in range(cp.MAX_ROWS)]
+    checked = [rows for rows in range(2, cp.MAX_ROWS + 1) if cp.small_kernel(rows, cols, inner)]
+    assert cp.small_kernel(1, cols, inner) and 2 in checked
+    for rows in checked:
+        got = np.array(cp.product(x[:rows], w))
+        for r in range(rows):
+            assert np.array_equal(got[r:r + 1], alone[r]), (rows, r)
+
+
+def test_adopt_swaps_plain_layers_only_and_keeps_their_weights(blocks_on):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(64, 32)
+            self.proj = nn.Linear(32, 600, bias=False)
+            self.biased = nn.Linear(32, 40)
+            self.quant = nn.QuantizedLinear(64, 64, bias=False)
+
+    m = Block()
+    before = {k: v for k, v in m.parameters().items()}
+    x = mx.random.normal((4, 32), key=mx.random.key(0))
+    want = (m.proj(x), m.biased(x), m.embed.as_linear(x))
+    assert cp.adopt(m) == 3
+    assert type(m.proj) is cp.BlockLinear and type(m.biased) is cp.BlockLinear
+    assert type(m.embed) is cp.BlockEmbedding and type(m.quant) is nn.QuantizedLinear
+    assert m.parameters().keys() == before.keys()
+    assert m.proj.weight is before["proj"]["weight"]
+    for a, b in zip((m.proj(x), m.biased(x), m.embed.as_linear(x)), want):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=2e-5, atol=2e-5)
+
+
+def test_adopt_changes_nothing_where_blocks_are_off(monkeypatch):
+    monkeypatch.setitem(cp._state, "on", False)
+    lin = nn.Linear(8, 8)
+    assert cp.adopt(lin) == 0 and type(lin) is nn.Linear
+
+
+def test_the_environment_decides(monkeypatch):
+    monkeypatch.delitem(cp._state, "on", raising=False)
+    monkeypatch.setenv(cp.ENV, "0")
+    assert not cp.enabled()
+    cp._state.pop("on")
+    monkeypatch.setenv(cp.ENV, "1")
+    assert cp.enabled()
+    cp._state.pop("on")
