@@ -16,7 +16,9 @@ result is the same bits alone, in a verify or in a batch, at every row count for
 ``small_kernel`` holds (OpenBLAS's two paths round differently: with whole products a row
 alone and the same row among four were not bit-identical for 512 x 192 or 1024 x 192
 weights). Elsewhere (Accelerate, other BLAS, other cores) nothing changes.
-``MTPCHAT_BLOCK_PRODUCTS=0`` turns it off, ``=1`` on.
+The small kernel runs on one thread, the packed path on all of OpenBLAS's: with more than two
+threads a product OpenBLAS would spread over them stays whole (measured with one and two
+threads only: ``docs/benchmarks.md``). ``MTPCHAT_BLOCK_PRODUCTS=0`` turns it off, ``=1`` on.
 """
 from __future__ import annotations
 
@@ -38,20 +40,38 @@ MAX_RNK = 100 ** 3     # and rows x columns x inner
 MIN_BLOCK_WORK = 1 << 15  # columns x inner of a block, at least: less, and the dispatches
                           # cost more than the packing saved (measured: docs/benchmarks.md)
 MAX_ROWS = 16             # more rows: the packed kernel amortizes its packing
+SERIAL_MNK = 4 * 65536    # OpenBLAS computes a product below this on one thread anyway
 
-_state: dict[str, bool] = {}
+_state: dict[str, bool | int] = {}
+
+
+def _openblas():
+    path = _blas.blas_info().get("path")
+    if _blas.blas_info().get("blas") != "openblas" or not path:
+        return None
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
 
 
 def _core_name() -> str:
-    path = _blas.blas_info().get("path")
-    if _blas.blas_info().get("blas") != "openblas" or not path:
-        return ""
+    lib = _openblas()
     try:
-        lib = ctypes.CDLL(path)
         lib.openblas_get_corename.restype = ctypes.c_char_p
         return (lib.openblas_get_corename() or b"").decode().lower()
-    except (OSError, AttributeError):
+    except AttributeError:  # (None, or not OpenBLAS after all)
         return ""
+
+
+def threads() -> int:
+    """OpenBLAS's thread count (1 where it cannot be read)."""
+    if "threads" not in _state:
+        try:
+            _state["threads"] = max(1, int(_openblas().openblas_get_num_threads()))
+        except (AttributeError, TypeError, ValueError):
+            _state["threads"] = 1
+    return _state["threads"]
 
 
 def enabled() -> bool:
@@ -72,6 +92,8 @@ def block_width(rows: int, cols: int, inner: int) -> int | None:
     """Columns per block for ``rows`` input rows and a [cols, inner] weight; None: whole."""
     if rows > MAX_ROWS or inner < 32:
         return None
+    if threads() > 2 and rows * cols * inner > SERIAL_MNK:
+        return None  # the packed product runs on several threads; the small kernel on one
     if rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK:
         return None  # the whole product already takes the small kernel
     width = min(MAX_RN // rows, MAX_RNK // (rows * inner))

@@ -14,7 +14,12 @@ def blocks_on(monkeypatch):
     monkeypatch.setitem(cp._state, "on", True)
 
 
-def test_block_width_keeps_every_block_inside_the_permit():
+@pytest.fixture
+def one_thread(monkeypatch):
+    monkeypatch.setitem(cp._state, "threads", 1)
+
+
+def test_block_width_keeps_every_block_inside_the_permit(one_thread):
     assert cp.block_width(1, 512, 192) is None      # 512 columns: the whole product passes
     assert cp.block_width(4, 512, 192) == 256       # 2048 > 1200: blocks of 256 (1024 each)
     assert cp.block_width(1, 4096, 192) == 1024     # the demo's LM head, one row
@@ -32,9 +37,18 @@ def test_block_width_keeps_every_block_inside_the_permit():
                 assert w * inner >= cp.MIN_BLOCK_WORK
 
 
+def test_with_more_than_two_threads_only_products_openblas_keeps_on_one_are_blocked(monkeypatch):
+    monkeypatch.setitem(cp._state, "threads", 16)
+    assert cp.block_width(1, 6144, 1024) is None    # 6.3M multiply-adds: OpenBLAS threads it
+    assert cp.block_width(4, 512, 192) is None      # 393k: above OpenBLAS's serial limit
+    assert cp.block_width(2, 2048, 64) == 512       # 262k: OpenBLAS runs it on one thread
+    assert cp.block_width(1, 1024, 192) is None     # already within the permit
+
+
 @pytest.mark.parametrize("cols,inner", [(512, 192), (4096, 192), (1024, 192), (576, 192),
                                         (192, 512), (1000, 64)])
-def test_blocked_product_is_the_product_and_a_row_is_the_same_bits_in_any_batch(cols, inner):
+def test_blocked_product_is_the_product_and_a_row_is_the_same_bits_in_any_batch(
+        cols, inner, one_thread):
     rng = np.random.default_rng(cols + inner)
     w = mx.array(rng.normal(size=(cols, inner)).astype(np.float32))
     x = mx.array(rng.normal(size=(cp.MAX_ROWS, inner)).astype(np.float32))
