@@ -36,7 +36,7 @@ def system_info() -> dict:
     import mlx.core as mx
 
     from engine import __version__
-    from engine.models import device
+    from engine.models import cpu_products, device
 
     blas = blas_info()
     dev = mx.default_device()
@@ -49,6 +49,8 @@ def system_info() -> dict:
         "device_branch": device.branch(),
         "blas": blas["blas"],
         "blas_path": blas["path"],
+        "blas_core": cpu_products.core_name() or None,
+        "block_products": cpu_products.enabled(),
         **memory(),
     }
 

@@ -28,7 +28,10 @@ def run(args) -> int:
     print(f"  mlx {info['mlx_version']}, mlx-lm {info['mlx_lm_version']}")
     print(f"  device: {info['device']} (Metal available: {info['metal_available']}; "
           f"layers: the {info['device_branch']} branch)")
-    print(f"  BLAS:   {info['blas']}" + (f" ({info['blas_path']})" if info["blas_path"] else ""))
+    print(f"  BLAS:   {info['blas']}" + (f" ({info['blas_path']})" if info["blas_path"] else "")
+          + (f", {info['blas_core']} kernels" if info["blas_core"] else ""))
+    print(f"  weight products in blocks for the small-matrix kernel: "
+          f"{'on' if info['block_products'] else 'off'} (MTPCHAT_BLOCK_PRODUCTS)")
     print(f"  memory: {_gib(info['available_bytes'])} available of {_gib(info['total_bytes'])}")
     if "matmul_bench" in info:
         b = info["matmul_bench"]

@@ -55,7 +55,8 @@ def _openblas():
         return None
 
 
-def _core_name() -> str:
+def core_name() -> str:
+    """OpenBLAS's kernel set in use, lower case ("cooperlake"); "" for any other BLAS."""
     lib = _openblas()
     try:
         lib.openblas_get_corename.restype = ctypes.c_char_p
@@ -83,7 +84,7 @@ def enabled() -> bool:
             _state["on"] = env in ("1", "true", "on", "yes")
         else:
             _state["on"] = (mx.default_device() == mx.cpu
-                            and _core_name() in SMALL_KERNEL_CORES)
+                            and core_name() in SMALL_KERNEL_CORES)
         log.debug("block products: %s", _state["on"])
     return _state["on"]
 

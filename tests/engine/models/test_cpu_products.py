@@ -56,8 +56,8 @@ def test_blocked_product_is_the_product_and_a_row_is_the_same_bits_in_any_batch(
     for rows in range(1, cp.MAX_ROWS + 1):
         got = np.array(cp.product(x[:rows], w))
         np.testing.assert_allclose(got, whole[:rows], rtol=2e-5, atol=2e-5)
-    if cp._core_name() not in cp.SMALL_KERNEL_CORES:
-        pytest.skip(f"bit-identity is the small kernel's; this BLAS core: {cp._core_name()!r}")
+    if cp.core_name() not in cp.SMALL_KERNEL_CORES:
+        pytest.skip(f"bit-identity is the small kernel's; this BLAS core: {cp.core_name()!r}")
     alone = [np.array(cp.product(x[r:r + 1], w)) for r in range(cp.MAX_ROWS)]
     checked = [rows for rows in range(2, cp.MAX_ROWS + 1) if cp.small_kernel(rows, cols, inner)]
     assert cp.small_kernel(1, cols, inner) and 2 in checked
