@@ -49,6 +49,7 @@ def release_thread_streams(*, synchronize: bool | None = None) -> None:
     except Exception:  # noqa: BLE001
         log.debug("could not release this thread's MLX state", exc_info=True)
 
+
 def releasing(fn: Callable[[], None]) -> Callable[[], None]:
     """``fn`` as a thread's target: ``release_thread_streams`` runs after it, however it ends."""
     @functools.wraps(fn)

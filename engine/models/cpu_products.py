@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 
 import mlx.core as mx
@@ -46,8 +47,9 @@ _state: dict[str, bool | int] = {}
 
 
 def _openblas():
-    path = _blas.blas_info().get("path")
-    if _blas.blas_info().get("blas") != "openblas" or not path:
+    info = _blas.blas_info()
+    path = info.get("path")
+    if info.get("blas") != "openblas" or not path:
         return None
     try:
         return ctypes.CDLL(path)
@@ -89,13 +91,18 @@ def enabled() -> bool:
     return _state["on"]
 
 
+def _permitted(rows: int, cols: int, inner: int) -> bool:
+    """Whether OpenBLAS's permit gives this product (whole) to the small kernel."""
+    return rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK and inner >= 32
+
+
 def block_width(rows: int, cols: int, inner: int) -> int | None:
     """Columns per block for ``rows`` input rows and a [cols, inner] weight; None: whole."""
     if rows > MAX_ROWS or inner < 32:
         return None
     if threads() > 2 and rows * cols * inner > SERIAL_MNK:
         return None  # the packed product runs on several threads; the small kernel on one
-    if rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK:
+    if _permitted(rows, cols, inner):
         return None  # the whole product already takes the small kernel
     width = min(MAX_RN // rows, MAX_RNK // (rows * inner))
     width = 1 << (width.bit_length() - 1) if width > 0 else 0
@@ -105,17 +112,13 @@ def block_width(rows: int, cols: int, inner: int) -> int | None:
 def small_kernel(rows: int, cols: int, inner: int) -> bool:
     """Whether ``product`` computes every output with the small kernel (in blocks or whole):
     then a row's result is the same bits at any such row count."""
-    whole = rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK and inner >= 32
-    return whole or block_width(rows, cols, inner) is not None
+    return _permitted(rows, cols, inner) or block_width(rows, cols, inner) is not None
 
 
 def product(x: mx.array, weight: mx.array) -> mx.array:
     """``x @ weight.T`` in column blocks where ``block_width`` says so."""
     cols, inner = weight.shape
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
-    width = block_width(rows, cols, inner)
+    width = block_width(math.prod(x.shape[:-1]), cols, inner)
     if width is None:
         return x @ weight.T
     return mx.concatenate([x @ weight[i:i + width].T for i in range(0, cols, width)], axis=-1)
