@@ -85,6 +85,8 @@ def enabled() -> bool:
         if env in ("0", "1", "true", "false", "on", "off", "yes", "no"):
             _state["on"] = env in ("1", "true", "on", "yes")
         else:
+            if env:
+                log.warning("%s=%r is not 0 or 1; deciding by the BLAS", ENV, env)
             _state["on"] = (mx.default_device() == mx.cpu
                             and core_name() in SMALL_KERNEL_CORES)
         log.debug("block products: %s", _state["on"])

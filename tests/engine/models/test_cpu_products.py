@@ -95,6 +95,15 @@ def test_adopt_changes_nothing_where_blocks_are_off(monkeypatch):
     assert cp.adopt(lin) == 0 and type(lin) is nn.Linear
 
 
+def test_an_unknown_value_is_named_in_one_warning(monkeypatch, caplog):
+    monkeypatch.delitem(cp._state, "on", raising=False)
+    monkeypatch.setenv(cp.ENV, "maybe")
+    cp.enabled()
+    cp._state.pop("on")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "MTPCHAT_BLOCK_PRODUCTS='maybe' is not 0 or 1; deciding by the BLAS"]
+
+
 def test_the_environment_decides(monkeypatch):
     monkeypatch.delitem(cp._state, "on", raising=False)
     monkeypatch.setenv(cp.ENV, "0")
