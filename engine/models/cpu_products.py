@@ -11,13 +11,13 @@ decode's time on the demo, more than the products themselves.
 ``adopt(module)`` turns every plain ``nn.Linear`` and ``nn.Embedding`` (its ``as_linear``, the
 tied LM head) of a model into a subclass whose product splits the weight's rows (the output
 columns) into blocks within the permit, for up to ``MAX_ROWS`` input rows and where a block
-carries enough work, computed as one batched product over the blocks (MLX calls ``sgemm``
-once per block; one graph node instead of a concatenation of one per block: the 0.8B shape's LM
-head at 4 rows 88 -> 66-71 ms). Each output element is then the small kernel's dot product, so a row's
-result is the same bits alone, in a verify or in a batch, at every row count for which
-``small_kernel`` holds (OpenBLAS's two paths round differently: with whole products a row
-alone and the same row among four were not bit-identical for 512 x 192 or 1024 x 192
-weights). Elsewhere (Accelerate, other BLAS, other cores) nothing changes.
+carries enough work, computed as one batched product over the blocks (MLX calls ``sgemm`` once
+per block; one graph node instead of a concatenation of one per block: the 0.8B shape's LM head
+at 4 rows 88 -> 66-71 ms). Each output element is then the small kernel's dot product, so a
+row's result is the same bits alone, in a verify or in a batch, at every row count for which
+``small_kernel`` holds (OpenBLAS's two paths round differently: with whole products a row alone
+and the same row among four were not bit-identical for 512 x 192 or 1024 x 192 weights).
+Elsewhere (Accelerate, other BLAS, other cores) nothing changes.
 The small kernel runs on one thread, the packed path on all of OpenBLAS's: with more than two
 threads a product OpenBLAS would spread over them stays whole (measured with one and two
 threads only: ``docs/benchmarks.md``). ``MTPCHAT_BLOCK_PRODUCTS=0`` turns it off, ``=1`` on.
