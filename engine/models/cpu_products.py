@@ -40,9 +40,9 @@ ENV = "MTPCHAT_BLOCK_PRODUCTS"
 SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 MAX_RN = 1200          # OpenBLAS's permit for the transposed small kernel: rows x columns
 MAX_RNK = 100 ** 3     # and rows x columns x inner
-MIN_BLOCK_WORK = 1 << 15  # columns x inner of a block, at least: less, and the dispatches
-                          # cost more than the packing saved (measured: docs/benchmarks.md)
-MAX_ROWS = 16             # more rows: the packed kernel amortizes its packing
+MIN_BLOCK_WORK = 12288    # columns x inner of a block, at least: blocks of 32 x 192 or 8 x 1024
+                          # were no faster than the packed product (docs/benchmarks.md)
+MAX_ROWS = 64             # the permit leaves blocks too narrow beyond (16 x 1024 at 64 rows)
 SERIAL_MNK = 4 * 65536    # OpenBLAS computes a product below this on one thread anyway
 
 _state: dict[str, bool | int] = {}

@@ -25,9 +25,11 @@ def test_block_width_keeps_every_block_inside_the_permit(one_thread):
     assert cp.block_width(1, 4096, 192) == 1024     # the demo's LM head, one row
     assert cp.block_width(4, 4096, 192) == 256
     assert cp.block_width(1, 6144, 1024) == 512     # rows x cols x inner <= 100**3 too
-    assert cp.block_width(17, 4096, 1024) is None   # more rows than MAX_ROWS: whole
-    assert cp.block_width(8, 4096, 192) is None     # blocks of 128 x 192: too little work each
-    assert cp.block_width(16, 2048, 1024) == 32     # 32 x 1024 is enough
+    assert cp.block_width(65, 2048, 1024) is None   # more rows than MAX_ROWS: whole
+    assert cp.block_width(48, 2048, 1024) == 16     # 16 x 1024 is enough work a block
+    assert cp.block_width(8, 4096, 192) == 128
+    assert cp.block_width(32, 4096, 192) is None    # blocks of 32 x 192: too little work each
+    assert cp.block_width(16, 2048, 1024) == 32
     assert cp.block_width(2, 512, 16) is None       # the small kernel refuses inner < 32
     for rows in range(1, cp.MAX_ROWS + 1):
         for cols, inner in ((512, 192), (4096, 192), (6144, 1024), (2048, 1024)):
