@@ -130,12 +130,15 @@ def product(x: mx.array, weight: mx.array) -> mx.array:
     if width is None:
         return x @ weight.T
     n = cols // width
-    x = x.reshape(rows, inner)
-    blocks = weight[:n * width].reshape(n, width, inner).swapaxes(1, 2)
-    y = (x[None] @ blocks).swapaxes(0, 1).reshape(rows, n * width)
-    if n * width < cols:
-        y = mx.concatenate([y, x @ weight[n * width:].T], axis=-1)
-    return y.reshape(*lead, cols)
+    whole = weight if n * width == cols else weight[:n * width]
+    blocks = whole.reshape(n, width, inner).swapaxes(1, 2)
+    y = x.reshape(1, rows, inner) @ blocks  # [n, rows, width]
+    if rows > 1:  # (each view is a graph node MLX dispatches: as few as the shape allows)
+        y = y.swapaxes(0, 1)
+    if n * width == cols:
+        return y.reshape(*lead, cols)
+    rest = x.reshape(rows, inner) @ weight[n * width:].T
+    return mx.concatenate([y.reshape(rows, n * width), rest], axis=-1).reshape(*lead, cols)
 
 
 class BlockLinear(nn.Linear):

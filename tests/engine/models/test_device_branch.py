@@ -65,7 +65,7 @@ class _Spy:
         self.kernel_path = 0
         self.step_ops = 0
         real_on, real_captured = trunk.compiled_on, trunk._compiled_captured
-        real_update, real_ops = trunk.gated_delta_update, trunk._step_ops
+        real_update, real_ops = trunk.gated_delta_update, trunk._split_steps
 
         def on(*a, **kw):
             self.compiled += 1
@@ -86,7 +86,7 @@ class _Spy:
             monkeypatch.setattr(mod, "compiled_on", on)
         monkeypatch.setattr(trunk, "_compiled_captured", captured)
         monkeypatch.setattr(trunk, "gated_delta_update", update)
-        monkeypatch.setattr(trunk, "_step_ops", ops)
+        monkeypatch.setattr(trunk, "_split_steps", ops)
 
 
 def _compiled_attributes(model) -> set[str]:
