@@ -25,8 +25,9 @@ GDN layer, caches unset ``_gdn_capture`` uncompiled, a dense MLP    both uncompi
 (a first forward)       half compiled (``_mtpchat_mlp``)
 GDN recurrence          gates (``compute_g``, ``sigmoid(b)``) once  mlx-lm's
 (``_recurrence_steps``) for all S tokens, q/k repeated to the       ``gated_delta_update`` one
-                        value heads once, then mlx-lm's             token at a time
-                        ``_gated_delta_step_ops`` per token         (``use_kernel=True``)
+                        value heads once, each input split once,    token at a time
+                        then mlx-lm's ``_gated_delta_step_ops``     (``use_kernel=True``)
+                        op for op per token (``_split_steps``)
 GDN recurrence of a     ``gdn_chunked``: 32 tokens at a time        mlx-lm's layer (its kernel,
 prompt chunk (>= 8      (WY form), the depthwise conv as four       or its ops one token at a
 tokens, no padding)     multiply-adds; equal to rounding            time)
@@ -53,8 +54,8 @@ process's first burst of streams meets a dozen new shapes; it traced each once p
 ``gated_delta_update`` runs mlx-lm's Metal kernel only when the default device is the GPU and
 Metal is available (and the key head dim is a multiple of 32); anywhere else -- the CPU, an
 MLX GPU without Metal -- it falls back by itself to ``gated_delta_ops``, the same
-``_gated_delta_step_ops`` the CPU branch calls, with the gates computed per token. So on a CPU
-``"metal"`` runs the non-CPU code path with ops instead of the kernel, and gives the CPU
+``_gated_delta_step_ops`` the CPU branch runs op for op, with the gates computed per token. So
+on a CPU ``"metal"`` runs the non-CPU code path with ops instead of the kernel, and gives the CPU
 branch's results (the GDN parts bit for bit, the attention to float rounding, on the test
 models, tests/engine/models/test_device_branch.py): the exactness tests run on both branches
 there (tests/engine/conftest.py). Forcing ``"cpu"`` on a
