@@ -27,14 +27,16 @@ def _split(*args):
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("steps", [1, 2, 4])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_split_steps_are_mlx_lms_steps_bit_for_bit(heads, dim, rows, steps, compiled):
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_split_steps_are_mlx_lms_steps_bit_for_bit(heads, dim, rows, steps, compiled, dtype):
     rng = np.random.default_rng(heads * 100 + rows * 10 + steps)
 
-    def arr(*shape):
-        return mx.array(rng.normal(size=shape).astype(np.float32))
-    q, k, v = (arr(rows, steps, heads, dim) for _ in range(3))
-    g, beta = mx.sigmoid(arr(rows, steps, heads)), mx.sigmoid(arr(rows, steps, heads))
-    state = arr(rows, heads, dim, dim)
+    def arr(*shape, dtype=mx.float32):
+        return mx.array(rng.normal(size=shape).astype(np.float32)).astype(dtype)
+    q, k, v = (arr(rows, steps, heads, dim, dtype=dtype) for _ in range(3))
+    g = mx.sigmoid(arr(rows, steps, heads))  # compute_g's gates are float32, beta the model's
+    beta = mx.sigmoid(arr(rows, steps, heads, dtype=dtype))
+    state = arr(rows, heads, dim, dim)  # the recurrent state is float32
     ref, got = _stepped, _split
     if compiled:  # as the verify and the plain step run it: inside a compiled layer
         ref, got = mx.compile(ref), mx.compile(got)
@@ -42,4 +44,4 @@ def test_split_steps_are_mlx_lms_steps_bit_for_bit(heads, dim, rows, steps, comp
     assert len(want) == len(have) == 2 * steps
     for a, b in zip(want, have):
         assert a.shape == b.shape and a.dtype == b.dtype
-        assert np.array_equal(np.array(a), np.array(b))
+        assert np.array_equal(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
