@@ -32,14 +32,20 @@ KILL_AFTER_S = 15.0
 
 
 class ProcessOutput(QObject):
-    """A process's output lines, read on a thread: ``line(str)``, then ``ended(code)``."""
+    """A process's output lines, read on a thread: ``line(str)``, then ``ended(code)``.
+    ``start()`` runs it: connect the signals first, or a quick process's lines and its end
+    are emitted to no one (a command that fails at once would leave the dialog running)."""
 
     line = Signal(str)
     ended = Signal(int)
 
     def __init__(self, cmd: list[str]) -> None:
         super().__init__()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.cmd = cmd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
         threading.Thread(target=self._read, daemon=True, name="cluster-output").start()
@@ -52,7 +58,7 @@ class ProcessOutput(QObject):
 
     def cancel(self) -> None:
         """End the launcher, mlx.launch and every rank it started here (one group)."""
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self._signal(signal.SIGTERM)  # the ranks drain; a rank that hangs is killed
             threading.Timer(KILL_AFTER_S, self._signal, (signal.SIGKILL,)).start()
 
@@ -256,6 +262,12 @@ class ClusterDialog(QDialog):
         self.running = ProcessOutput(plan.command(self.written))
         self.running.line.connect(self.on_line)
         self.running.ended.connect(self.on_ended)
+        try:
+            self.running.start()
+        except OSError as exc:  # the launcher is missing or cannot run
+            self.running = None
+            self.status.setText(f"Could not start the cluster: {exc}")
+            return
         self.start_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.status.setText("Starting the cluster…")

@@ -290,12 +290,46 @@ def test_cluster_dialog_starts_and_stops_a_process_group(qtbot, tmp_path):
     d.running = ProcessOutput([sys.executable, "-c", script])
     d.running.line.connect(d.on_line)
     d.running.ended.connect(d.on_ended)
+    d.running.start()
     qtbot.waitUntil(lambda: bool(ready), timeout=10000)
     assert ready == ["http://127.0.0.1:9999"]
     assert "Serving demo" in d.output.toPlainText()
     d.cancel()
     qtbot.waitUntil(lambda: d.running is None, timeout=10000)
     assert d.status.text() == "The cluster stopped."
+
+
+def test_a_process_that_ends_at_once_is_heard_to_the_end(qtbot):
+    """The reader starts only after the signals are connected: a command that prints and
+    exits at once still delivers its line and its end (a missing model, a bad flag)."""
+    import sys
+
+    from app.remote.cluster_dialog import ProcessOutput
+
+    for _ in range(5):
+        out = ProcessOutput([sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"])
+        lines, ended = [], []
+        out.line.connect(lines.append)
+        out.ended.connect(ended.append)
+        out.start()
+        qtbot.waitUntil(lambda: bool(ended), timeout=10000)
+        assert lines == ["bad flag"] and ended == [2]
+
+
+def test_a_launcher_that_cannot_run_is_named_and_the_dialog_stays_usable(qtbot, tmp_path,
+                                                                           monkeypatch):
+    from app.remote import cluster_dialog
+    from app.remote.cluster_dialog import ClusterDialog
+
+    def missing(self):
+        raise FileNotFoundError(2, "No such file or directory", self.cmd[0])
+    monkeypatch.setattr(cluster_dialog.ProcessOutput, "start", missing)
+    d = ClusterDialog(hostfile=tmp_path / "hosts.json")
+    qtbot.addWidget(d)
+    d.set_hosts([("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")])
+    d.start()
+    assert d.running is None
+    assert d.status.text().startswith("Could not start the cluster: ")
 
 
 def test_reasoning_and_tool_calls_arrive_as_the_chat_writes_them(qtbot):
