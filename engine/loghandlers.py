@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 
 
@@ -25,6 +26,8 @@ class _GiveUpOnError:
         if self.failed is not None:
             return
         self.failed = sys.exc_info()[1] or RuntimeError("unknown error")
+        if isinstance(self.failed, OSError):
+            _quiet_std_stream(getattr(self, "stream", None))
         where = getattr(self, "baseFilename", None) or "stderr"
         line = (f"logging to {where} failed ({self.failed}); later log records are not "
                 "written there\n")
@@ -37,6 +40,24 @@ class _GiveUpOnError:
                 return
             except (OSError, ValueError):
                 continue
+
+
+def _quiet_std_stream(stream) -> None:
+    """Point a failing stdout or stderr at /dev/null. A buffered standard stream keeps the line
+    it could not write, and the interpreter's last flush at exit then fails as well: the
+    process ended with status 120 instead of its own (``engine info 2>/dev/full`` without
+    ``PYTHONUNBUFFERED``). Other streams are left alone."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    if fd not in (1, 2):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 class QuietStreamHandler(_GiveUpOnError, logging.StreamHandler):
