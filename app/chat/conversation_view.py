@@ -33,6 +33,7 @@ class ConversationView(QScrollArea):
     regenerate_requested = Signal(int)
     branch_requested = Signal(int, int)  # (msg_id, step): show another version
     example_requested = Signal(str)  # an example prompt of the empty state was clicked
+    tool_example_requested = Signal(str)  # one that needs the built-in python_doc tool on
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -71,6 +72,7 @@ class ConversationView(QScrollArea):
         self._examples.setAlignment(Qt.AlignmentFlag.AlignHCenter)
         empty.addLayout(self._examples)
         self.example_buttons: list[QPushButton] = []
+        self._example_widgets: list[QWidget] = []
         self._col.addWidget(self.empty_label)
         self._col.addStretch(1)
         outer.addStretch(0)
@@ -81,21 +83,41 @@ class ConversationView(QScrollArea):
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_scrolled)
 
-    def set_examples(self, intro: str, prompts: list[str]) -> None:
+    def set_examples(self, intro: str, prompts: list[str], tool_prompts: list[str] = (),
+                     tool_intro: str = "") -> None:
         """What an empty conversation shows: ``intro`` above clickable ``prompts`` (none: the
-        plain hint)."""
-        for b in self.example_buttons:
-            self._examples.removeWidget(b)
-            b.deleteLater()
-        self.example_buttons = []
+        plain hint), then ``tool_intro`` above ``tool_prompts``, which are sent with the
+        built-in ``python_doc`` tool switched on for the chat."""
+        for w in self._example_widgets:
+            self._examples.removeWidget(w)
+            w.deleteLater()
+        self.example_buttons, self._example_widgets = [], []
         self.empty_text.setText(intro or "Send a message to start the conversation.")
         for prompt in prompts:
-            b = QPushButton(plain_inline(prompt), self.empty_label)
-            b.setCursor(Qt.CursorShape.PointingHandCursor)
-            b.setToolTip("Send this message")
-            b.clicked.connect(lambda _=False, p=prompt: self.example_requested.emit(p))
-            self._examples.addWidget(b)
-            self.example_buttons.append(b)
+            self._example_button(plain_inline(prompt), "Send this message",
+                                 lambda _=False, p=prompt: self.example_requested.emit(p))
+        if tool_prompts:
+            note = QLabel(tool_intro, self.empty_label)
+            note.setObjectName("muted")
+            note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            note.setWordWrap(True)
+            self._examples.addWidget(note)
+            self._example_widgets.append(note)
+        for prompt in tool_prompts:
+            self._example_button(
+                f"{plain_inline(prompt)}  (with a tool)",
+                "Switch on the built-in python_doc tool for this chat and send this message; "
+                "the model asks you before the tool runs",
+                lambda _=False, p=prompt: self.tool_example_requested.emit(p))
+
+    def _example_button(self, text: str, tip: str, on_click) -> None:
+        b = QPushButton(text, self.empty_label)
+        b.setCursor(Qt.CursorShape.PointingHandCursor)
+        b.setToolTip(tip)
+        b.clicked.connect(on_click)
+        self._examples.addWidget(b)
+        self.example_buttons.append(b)
+        self._example_widgets.append(b)
 
     def _on_scrolled(self, value: int) -> None:
         bar = self.verticalScrollBar()

@@ -104,16 +104,34 @@ DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?"
                  "Explain str.split.")
 
 
+# A name the demo model was never trained on (engine.training.tool_chats.TOOL_HELDOUT): with
+# the tool on, it calls python_doc, asks first, and answers from the result.
+DEMO_TOOL_EXAMPLES = ("What does `zipfile.is_zipfile` do?",)
+DEMO_TOOL_INTRO = ("It was not trained on most of the library, but with the built-in python_doc "
+                   "tool it looks names up in the Python this app runs on:")
+
+
+def _is_demo(info) -> bool:
+    try:
+        return Path(info.path).resolve() == Path(default_model_path()).resolve()
+    except (OSError, TypeError):
+        return False
+
+
 def _examples_for(info) -> tuple[str, list[str]]:
     """The empty conversation's hint: the embedded demo model says what it knows."""
-    try:
-        demo = Path(info.path).resolve() == Path(default_model_path()).resolve()
-    except (OSError, TypeError):
-        demo = False
-    if not demo:
+    if not _is_demo(info):
         return "", []
     return ("The demo model knows the docstrings of everyday Python standard-library modules "
             "and little else. Try:", list(DEMO_EXAMPLES))
+
+
+def _tool_examples_for(info) -> dict:
+    """The demo's tool examples (``set_examples``' keywords), none for other models or for a
+    demo trained without tool chats (no ``heldout_tools.json`` beside its weights)."""
+    if not _is_demo(info) or not (Path(info.path) / "heldout_tools.json").is_file():
+        return {}
+    return {"tool_prompts": list(DEMO_TOOL_EXAMPLES), "tool_intro": DEMO_TOOL_INTRO}
 
 
 class MainWindow(QMainWindow):
@@ -380,7 +398,7 @@ class MainWindow(QMainWindow):
             self.view.set_examples("", [])
         elif m.info is not None:
             self.picker.set_loaded(m.info)
-            self.view.set_examples(*_examples_for(m.info))
+            self.view.set_examples(*_examples_for(m.info), **_tool_examples_for(m.info))
         else:
             self.picker.set_failed("Not loaded")
             self.view.set_examples("", [])

@@ -22,6 +22,7 @@ class ToolsControl(QObject):
         self.manager = manager or ToolsManager(window.store, parent=self)
         self.loop = ToolLoop(window.session, self.manager, self)
         window.view.tool_decider = self.loop
+        window.view.tool_example_requested.connect(self.send_with_builtin)
         self.loop.changed.connect(self.on_loop_changed)
         self.button = QToolButton(window.composer)
         self.button.setObjectName("composerToggle")
@@ -76,6 +77,15 @@ class ToolsControl(QObject):
         names = [n for n in self.manager.chat_servers(self.current) if n != name]
         self.manager.set_chat_servers(self.current, names + ([name] if on else []))
         self.sync()
+
+    def send_with_builtin(self, text: str) -> None:
+        """An example prompt that needs the built-in tool: switch it on for this chat (the
+        Tools chip shows it), then send as typed. The call still waits for the user's Allow."""
+        if self.current is None:
+            return
+        if builtin.SERVER not in self.manager.chat_servers(self.current):
+            self.set_server(builtin.SERVER, True)
+        self.window.sending.send(text)
 
     def sync(self) -> None:
         if self.closed:

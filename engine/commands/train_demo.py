@@ -28,6 +28,10 @@ def _line(ev: dict) -> str:
         return (f"[{ev['phase']:5s}] step {ev['step']:5d}  {loss}  "
                 f"{ev['tokens_per_s']:.0f} tok/s  elapsed {ev['elapsed_s'] / 60:.1f} min  "
                 f"ETA {ev['eta_s'] / 60:.1f} min")
+    if kind == "eval" and ev.get("after") == "tools":
+        return (f"[eval ] tool calls on unseen names: {ev['calls']:.0%} exact calls, "
+                f"{ev['answers']:.0%} answers open with the result's signature "
+                f"({ev['prompts']} prompts)")
     if kind == "eval":
         return (f"[eval ] after {ev['after']}: acceptance by position {ev['acceptance']}, "
                 f"tokens/cycle {ev['tokens_per_cycle']} ({ev['prompts']} prompts, "

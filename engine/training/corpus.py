@@ -192,7 +192,7 @@ def collect_items_here(modules: tuple[str, ...] = MODULES) -> list[DocItem]:
 
 # --- questions and answers ---------------------------------------------------------------------
 
-def _qa_templates(item: DocItem) -> list[tuple[str, str]]:
+def qa_templates(item: DocItem) -> list[tuple[str, str]]:
     q, sig, mod, text = item.qualname, item.signature, item.module, item.text
     if item.kind == "module":
         return [
@@ -253,7 +253,7 @@ def build_corpus(*, seed: int = 0, variants: int = 6, max_heldout_prompts: int =
     turns: list[tuple[str, tuple[str, str]]] = []
     heldout: list[dict] = []
     for item in items:
-        pairs = _qa_templates(item)
+        pairs = qa_templates(item)
         held = heldout_index(item, len(pairs), seed)
         trained = [qa for i, qa in enumerate(pairs) if i != held]
         for qa in rng.sample(trained, min(variants, len(trained))):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.training.corpus import MODULES
+from engine.training.tool_chats import MAX_RESULT, TOOL_MODULES
 
 
 def _acc_rows(acc: dict) -> str:
@@ -16,13 +17,39 @@ def _losses(values: dict) -> str:
     return ", ".join(f"{v:.3f}" for v in values.values()) or "-"
 
 
-def _command(cfg: dict, out: str) -> str:
+def _command(cfg: dict, out: str, default_steps: int | None) -> str:
     cmd = f"python -m engine train-demo --out {out}"
+    steps = cfg["joint_steps"] + cfg["mtp_steps"]
+    if default_steps is not None and steps != default_steps:
+        cmd += f" --steps {steps}"
     if cfg["seed"]:
         cmd += f" --seed {cfg['seed']}"
     if cfg["threads"] != 1:
         cmd += f" --threads {cfg['threads']}"
     return cmd
+
+
+def _tools_section(summary: dict) -> str:
+    tools = summary.get("tools_final")
+    if not tools:
+        return ""
+    examples = "\n".join(
+        f"- *{e['prompt']}* -> `{' '.join(e['call'].split())[:120]}`"
+        for e in tools.get("examples", []))
+    return f"""
+## Tool calls (torch, temperature 0)
+
+With the built-in `python_doc` tool offered (the `# Tools` system turn MTP Chat writes for this
+template), the model answers a question about a standard-library name by calling
+`python_doc(name)`, and after the tool's result by copying the result's signature line and the
+docstring's first paragraph. Measured on {tools['prompts']} names of modules it was never
+trained on (`heldout_tools.json`; in no training chat): the first reply is exactly the call
+`python_doc(name=...)` with the name asked about in {100 * tools['calls']:.0f}%; given the real
+result, the answer opens with its signature line in {100 * tools['answers']:.0f}% and equals
+the trained answer form in {100 * tools['exact']:.0f}%.
+
+{examples}
+"""
 
 
 def render(summary: dict, *, out: str, weights_bytes: int) -> str:
@@ -43,7 +70,9 @@ A miniature of Qwen3.5-0.8B (same architecture, same on-disk layout, same chat t
 from scratch on this machine so that MTP Chat works offline and its speculative decoding can be
 measured against a real, trained MTP head. It answers questions about the Python standard
 library in the style of its docstrings; it is a demonstration model, not a useful assistant
-(it is small and knows only its corpus; on unseen names it makes things up).
+(it is small and knows only its corpus; on unseen names it makes things up). With MTP Chat's
+built-in `python_doc` tool switched on, it looks names up instead: it calls the tool and
+answers from the result.
 
 ## Architecture
 
@@ -77,6 +106,13 @@ patterns and matches) and each module -- {summary['items']:,} documented objects
 such as "What does `json.dumps` do?" are answered with the signature and the first docstring
 paragraph(s), 1-3 turns per chat, some with a system prompt ({summary['stream_tokens']:,} tokens).
 
+Tool chats ({summary.get('tool_chats', 0):,} chats, {summary.get('tool_tokens', 0):,} tokens,
+{100 * cfg.get('tool_share', 0):.0f}% of the training windows): under the `# Tools` system turn
+for `python_doc`, 1-4 rounds of a question about a name (from {len(TOOL_MODULES)} modules the
+question/answer corpus does not cover, and a fifth from those it does), the call
+`python_doc(name)`, the tool's real result (at most {MAX_RESULT} characters) and an answer
+copied from it; half end at the call. `engine/training/tool_chats.py`.
+
 Every object is asked about in 4-8 phrasings, and **one phrasing per object is never trained
 on**. `heldout_prompts.json` lists {summary['heldout_prompts']} of those unseen questions (the
 benchmarks' in-domain prompts) and `heldout.json` the object and the first docstring sentence a
@@ -93,7 +129,7 @@ Chat under the project's licence.
 ## Training
 
 ```
-{_command(cfg, out)}
+{_command(cfg, out, summary.get('default_steps'))}
 ```
 
 Deterministic given the seed and the thread count (single process, torch {summary['torch_version']},
@@ -130,6 +166,7 @@ the object asked about in {100 * quality.get('names_object', 0):.0f}% and also
 contains its docstring's first sentence word for word in
 {100 * quality.get('correct', 0):.0f}%.
 
+{_tools_section(summary)}
 ## Engine benchmarks
 
 Measured with `python -m engine bench` (see the project README).

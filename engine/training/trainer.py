@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.training import acceptance, corpus, readme, tokenizer
+from engine.training import acceptance, corpus, readme, tokenizer, tool_chats
 from engine.training.export import export_model
 from engine.training.model import (FULL_SIZE, TINY_SIZE, DemoModel, ModelSize, build_model,
                                    count_parameters)
@@ -43,8 +43,8 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 1500
-    mtp_steps: int = 250
+    joint_steps: int = 2060
+    mtp_steps: int = 340
     lr: float = 3e-3
     mtp_lr: float = 1e-3
     warmup: int = 30
@@ -54,6 +54,9 @@ class TrainConfig:
     depth_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
     corpus_variants: int = 6
     corpus_limit: int | None = None
+    tool_share: float = 0.3  # of the training windows, from the tool chats (0: none)
+    tool_heldout: int = tool_chats.TOOL_HELDOUT
+    tool_synthetic: int = 3000  # made-up names in the tool chats (tool_chats.synthetic_items)
     eval_prompts: int = 32
     eval_max_new: int = 64
     final_eval_prompts: int = 64
@@ -63,7 +66,9 @@ class TrainConfig:
 
 
 TINY = TrainConfig(size=TINY_SIZE, vocab_size=1024, seq_len=64, batch_size=4, joint_steps=12,
-                   mtp_steps=6, warmup=2, corpus_variants=1, corpus_limit=400, eval_prompts=3,
+                   mtp_steps=6, warmup=2, corpus_variants=1, corpus_limit=400, tool_heldout=4,
+                   tool_synthetic=20,
+                   eval_prompts=3,
                    eval_max_new=12, final_eval_prompts=3, final_eval_max_new=12, log_every=2)
 
 
@@ -86,18 +91,33 @@ def _lr_at(step: int, total: int, base: float, warmup: int) -> float:
 
 
 class _Batches:
-    """Random windows of the token stream and its loss mask, from a seeded generator."""
+    """Random windows of the token streams and their loss masks, from a seeded generator: a
+    ``tool_share`` of the rows from the tool chats' stream (when it has any), the others from
+    the question/answer stream, whatever their sizes."""
 
-    def __init__(self, stream: torch.Tensor, mask: torch.Tensor, seq_len: int, batch: int,
-                 seed: int):
-        self.stream, self.mask, self.seq_len, self.batch = stream, mask, seq_len, batch
+    def __init__(self, streams: tuple[torch.Tensor, torch.Tensor],
+                 tools: tuple[torch.Tensor, torch.Tensor] | None, seq_len: int, batch: int,
+                 seed: int, tool_share: float = 0.0):
+        self.streams = [streams] + ([tools] if tools is not None and len(tools[0]) else [])
+        self.seq_len, self.batch = seq_len, batch
+        self.share = tool_share if len(self.streams) > 1 else 0.0
         self.gen = torch.Generator().manual_seed(seed)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        hi = len(self.stream) - self.seq_len
-        starts = torch.randint(0, hi, (self.batch,), generator=self.gen).tolist()
-        return (torch.stack([self.stream[s:s + self.seq_len] for s in starts]),
-                torch.stack([self.mask[s:s + self.seq_len] for s in starts]))
+        if not self.share:  # one stream: the same windows as before the tool chats
+            stream, mask = self.streams[0]
+            starts = torch.randint(0, len(stream) - self.seq_len, (self.batch,),
+                                   generator=self.gen).tolist()
+            return (torch.stack([stream[s:s + self.seq_len] for s in starts]),
+                    torch.stack([mask[s:s + self.seq_len] for s in starts]))
+        rows = []
+        which = (torch.rand(self.batch, generator=self.gen) < self.share).tolist()
+        for use_tools in which:
+            stream, mask = self.streams[1 if use_tools else 0]
+            hi = max(1, len(stream) - self.seq_len)
+            s = int(torch.randint(0, hi, (1,), generator=self.gen))
+            rows.append((stream[s:s + self.seq_len], mask[s:s + self.seq_len]))
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
 def assistant_mask(ids: list[int], tok) -> list[float]:
@@ -243,27 +263,38 @@ def answer_quality(tok, outputs: list[list[int]], heldout: list[dict]) -> dict:
             "correct": round(correct / n, 3)}
 
 
-def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
-    """Corpus, tokenizer (saved into ``out_dir``), token stream and held-out prompts."""
-    data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
-                               limit_items=cfg.corpus_limit)
-    texts = [tokenizer.render_chat(chat) for chat in data.train_chats]
-    tok = tokenizer.train_tokenizer(texts, vocab_size=cfg.vocab_size)
-    tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
-    ids = tokenizer.token_ids(tok)
+def _stream(tok, ids: dict, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     stream: list[int] = []
     mask: list[float] = []
     for enc in tok.encode_batch(texts):
         stream += enc.ids + [ids[tokenizer.ENDOFTEXT]]
         mask += assistant_mask(enc.ids, tok) + [0.0]
-    (out_dir / "heldout_prompts.json").write_text(
-        json.dumps(data.heldout_prompts, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out_dir / "heldout.json").write_text(
-        json.dumps(data.heldout, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return torch.tensor(stream, dtype=torch.long), torch.tensor(mask)
+
+
+def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
+    """Corpus and tool chats, tokenizer (saved into ``out_dir``), token streams and held-out
+    prompts (``heldout*.json``)."""
+    data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
+                               limit_items=cfg.corpus_limit)
+    texts = [tokenizer.render_chat(chat) for chat in data.train_chats]
+    tools = tool_chats.build_tool_chats(
+        tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
+        heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic) if cfg.tool_share else tool_chats.ToolChats([], [])
+    tool_texts = [tokenizer.render_chat(chat) for chat in tools.chats]
+    tok = tokenizer.train_tokenizer(texts + tool_texts, vocab_size=cfg.vocab_size)
+    tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
+    ids = tokenizer.token_ids(tok)
+    base, tool = _stream(tok, ids, texts), _stream(tok, ids, tool_texts)
+    for name, rows in (("heldout_prompts.json", data.heldout_prompts),
+                       ("heldout.json", data.heldout), ("heldout_tools.json", tools.heldout)):
+        (out_dir / name).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n",
+                                    encoding="utf-8")
     report({"event": "data", "chats": len(data.train_chats), "items": data.n_items,
-            "heldout_prompts": len(data.heldout), "tokens": len(stream),
+            "heldout_prompts": len(data.heldout), "tokens": len(base[0]),
+            "tool_chats": len(tools.chats), "tool_tokens": len(tool[0]),
             "tokenizer_vocab": tok.get_vocab_size()})
-    return tok, ids, torch.tensor(stream, dtype=torch.long), torch.tensor(mask), data
+    return tok, ids, base, tool, data, tools
 
 
 def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
@@ -272,13 +303,13 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok, ids, stream, mask, data = prepare(cfg, out_dir, report)
+    tok, ids, base, tool, data, tools = prepare(cfg, out_dir, report)
     vocab = 64 * math.ceil(tok.get_vocab_size() / 64)
     model = build_model(cfg.size, vocab_size=vocab, eos_token_id=ids[tokenizer.IM_END],
                         pad_token_id=ids[tokenizer.ENDOFTEXT], seed=cfg.seed)
     params = count_parameters(model)
     report({"event": "model", "vocab_size": vocab, **params})
-    batches = _Batches(stream, mask, cfg.seq_len, cfg.batch_size, cfg.seed + 17)
+    batches = _Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 17, cfg.tool_share)
     prog = _Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
     eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
     prompts = _prompt_ids(tok, data.heldout_prompts)
@@ -305,14 +336,18 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
                                depth=cfg.depth, max_new=cfg.final_eval_max_new)
     final["quality"] = answer_quality(tok, final.pop("outputs"), data.heldout)
     report({"event": "eval", "after": "final", "head": chosen, **final})
+    tools_eval = tool_chats.evaluate(model, tok, tools.heldout, eos=eos)
+    report({"event": "eval", "after": "tools", **tools_eval})
     summary = {
         "config": {**asdict(cfg), "size": cfg.size.as_dict()},
+        "default_steps": TrainConfig.joint_steps + TrainConfig.mtp_steps,
         "parameters": params, "vocab_size": vocab, "token_ids": ids,
-        "stream_tokens": len(stream), "items": data.n_items,
+        "stream_tokens": len(base[0]), "tool_tokens": len(tool[0]),
+        "tool_chats": len(tools.chats), "items": data.n_items,
         "heldout_prompts": len(data.heldout),
         "joint_final": joint, "mtp_final": distill,
         "acceptance_after_joint": acc_joint, "acceptance_after_mtp": acc_mtp,
-        "chosen_head": chosen, "acceptance_final": final,
+        "chosen_head": chosen, "acceptance_final": final, "tools_final": tools_eval,
         "train_seconds": round(time.monotonic() - t0, 1),
         "torch_version": torch.__version__,
         "python": platform.python_version(),

@@ -106,9 +106,13 @@ def test_tiny_run_reports_progress_and_learns(tiny_run):
     assert joint[-1]["loss"] < joint[0]["loss"]
     assert any(e["phase"] == "mtp" for e in steps)
     evals = [e for e in events if e["event"] == "eval"]
-    assert [e["after"] for e in evals] == ["joint", "mtp", "final"]
-    assert len(evals[-1]["acceptance"]) == 3
+    assert [e["after"] for e in evals] == ["joint", "mtp", "final", "tools"]
+    assert len(evals[-2]["acceptance"]) == 3
     assert summary["chosen_head"] in ("joint", "mtp")
+    # the tool chats were trained on and measured on names in none of them
+    assert summary["tool_chats"] > 0 and summary["tool_tokens"] > 0
+    assert summary["tools_final"]["prompts"] == 4
+    assert {"calls", "answers", "exact"} <= set(summary["tools_final"])
 
 
 def test_tokenizer_loads_with_transformers(tiny_run):
@@ -242,7 +246,8 @@ def test_training_is_deterministic_across_processes(tmp_path):
     subprocess.run([sys.executable, "-m", "engine", "train-demo", "--tiny", "--steps", "3",
                     "--seed", "5", "--out", str(tmp_path / "b")], cwd=root, check=True,
                    capture_output=True)
-    for name in ("model.safetensors", "tokenizer.json", "heldout_prompts.json"):
+    for name in ("model.safetensors", "tokenizer.json", "heldout_prompts.json",
+                 "heldout_tools.json"):
         digests = [hashlib.sha256((tmp_path / run / name).read_bytes()).digest()
                    for run in ("a", "b")]
         assert digests[0] == digests[1], name

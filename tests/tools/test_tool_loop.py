@@ -364,3 +364,34 @@ def test_a_call_being_written_shows_a_line_not_markup(qtbot):
                                                 {"name": "os.path.join"}, "state": "done"}]},
                      final=True)
     assert not w.tool_panel.note.text() and [c.state for c in w.tool_panel.cards] == ["done"]
+
+
+def test_the_tool_example_switches_python_doc_on_and_still_asks_first(qtbot, win, fake,
+                                                                      builtin_calls):
+    """The demo's empty chat offers an example that needs the built-in tool: clicking it
+    switches python_doc on for this chat (the Tools chip says so) and sends the question; the
+    call still waits for Allow."""
+    from app.chat.main_window import DEMO_TOOL_EXAMPLES, DEMO_TOOL_INTRO
+
+    win.view.set_examples("Try:", ["Explain str.split."], tool_prompts=list(DEMO_TOOL_EXAMPLES),
+                          tool_intro=DEMO_TOOL_INTRO)
+    buttons = win.view.example_buttons
+    assert len(buttons) == 2 and buttons[1].text().endswith("(with a tool)")
+    assert "`" not in buttons[1].text()
+    assert win.tools.button.text() == "Tools"
+    fake.scripts[:] = [call_xml("python_doc", name="zipfile.is_zipfile"), FINAL]
+    buttons[1].click()
+    qtbot.waitUntil(lambda: pending(win) is not None)
+    assert win.tools.button.text() == "Tools (1)" and win.tools.button.isChecked()
+    assert win.conversations.messages(win.conversations.current)[0].content == \
+        DEMO_TOOL_EXAMPLES[0]
+    assert builtin_calls == []
+    pending(win).buttons["allow"].click()
+    wait_idle(qtbot, win)
+    assert builtin_calls == [("python_doc", {"name": "zipfile.is_zipfile"})]
+    assert roles(win) == ["user", "assistant", "tool", "assistant"]
+    # the examples of a model that is not the demo: none with a tool
+    from types import SimpleNamespace
+
+    from app.chat.main_window import _tool_examples_for
+    assert _tool_examples_for(SimpleNamespace(path="/nowhere")) == {}
