@@ -71,6 +71,16 @@ class ConversationView(QScrollArea):
         self._examples = QVBoxLayout()
         self._examples.setAlignment(Qt.AlignmentFlag.AlignHCenter)
         empty.addLayout(self._examples)
+        # the examples that need a tool: a note the column's width (it wraps) and their buttons
+        self.tool_note = QLabel("", self.empty_label)
+        self.tool_note.setObjectName("muted")
+        self.tool_note.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.tool_note.setWordWrap(True)
+        self.tool_note.hide()
+        empty.addWidget(self.tool_note)
+        self._tool_examples = QVBoxLayout()
+        self._tool_examples.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        empty.addLayout(self._tool_examples)
         self.example_buttons: list[QPushButton] = []
         self._example_widgets: list[QWidget] = []
         self._col.addWidget(self.empty_label)
@@ -89,33 +99,29 @@ class ConversationView(QScrollArea):
         plain hint), then ``tool_intro`` above ``tool_prompts``, which are sent with the
         built-in ``python_doc`` tool switched on for the chat."""
         for w in self._example_widgets:
-            self._examples.removeWidget(w)
+            w.setParent(None)
             w.deleteLater()
         self.example_buttons, self._example_widgets = [], []
         self.empty_text.setText(intro or "Send a message to start the conversation.")
         for prompt in prompts:
             self._example_button(plain_inline(prompt), "Send this message",
                                  lambda _=False, p=prompt: self.example_requested.emit(p))
-        if tool_prompts:
-            note = QLabel(tool_intro, self.empty_label)
-            note.setObjectName("muted")
-            note.setAlignment(Qt.AlignmentFlag.AlignCenter)
-            note.setWordWrap(True)
-            self._examples.addWidget(note)
-            self._example_widgets.append(note)
+        self.tool_note.setText(tool_intro)
+        self.tool_note.setVisible(bool(tool_prompts and tool_intro))
         for prompt in tool_prompts:
             self._example_button(
                 f"{plain_inline(prompt)}  (with a tool)",
                 "Switch on the built-in python_doc tool for this chat and send this message; "
                 "the model asks you before the tool runs",
-                lambda _=False, p=prompt: self.tool_example_requested.emit(p))
+                lambda _=False, p=prompt: self.tool_example_requested.emit(p),
+                self._tool_examples)
 
-    def _example_button(self, text: str, tip: str, on_click) -> None:
+    def _example_button(self, text: str, tip: str, on_click, layout=None) -> None:
         b = QPushButton(text, self.empty_label)
         b.setCursor(Qt.CursorShape.PointingHandCursor)
         b.setToolTip(tip)
         b.clicked.connect(on_click)
-        self._examples.addWidget(b)
+        (layout or self._examples).addWidget(b)
         self.example_buttons.append(b)
         self._example_widgets.append(b)
 

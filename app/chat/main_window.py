@@ -106,7 +106,7 @@ DEMO_EXAMPLES = ("What does `os.path.join` do?", "How do I use itertools.chain?"
 
 # A name the demo model was never trained on (engine.training.tool_chats.TOOL_HELDOUT): with
 # the tool on, it calls python_doc, asks first, and answers from the result.
-DEMO_TOOL_EXAMPLES = ("What does `zipfile.is_zipfile` do?",)
+DEMO_TOOL_EXAMPLES = ("What does `queue.LifoQueue` do?",)
 DEMO_TOOL_INTRO = ("It was not trained on most of the library, but with the built-in python_doc "
                    "tool it looks names up in the Python this app runs on:")
 

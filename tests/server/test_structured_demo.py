@@ -145,3 +145,34 @@ def test_forcing_an_unknown_tool_is_a_400(oai):
         oai.responses.create(model=MODEL, input=Q, tools=[RTOOL],
                              tool_choice={"type": "function", "name": "nope"})
     assert "no tool named 'nope'" in str(err.value)
+
+
+def test_the_demo_calls_python_doc_unforced_and_answers_from_the_result(oai):
+    """Offered the built-in python_doc (the spec the app sends) and asked about a name it
+    never trained on, the demo calls the tool by itself (``tool_choice`` auto), through Chat
+    Completions and Responses, and answers from the result sent back: the signature line."""
+    from engine.tools.python_doc import function_spec, python_doc
+
+    name = "queue.LifoQueue"  # in engine.training.tool_chats' held-out names: in no chat
+    question = f"What does `{name}` do?"
+    tool = function_spec()
+    first = oai.chat.completions.create(model=MODEL, temperature=0, max_tokens=60, tools=[tool],
+                                        messages=[{"role": "user", "content": question}])
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    call = choice.message.tool_calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == ("python_doc",
+                                                                          {"name": name})
+    result = python_doc(name)
+    second = oai.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=160, tools=[tool],
+        messages=[{"role": "user", "content": question}, choice.message.model_dump(),
+                  {"role": "tool", "tool_call_id": call.id, "content": result}])
+    answer = second.choices[0].message.content
+    assert answer.startswith(f"`{result.splitlines()[0]}`"), answer
+    assert result.split("\n\n")[1] in answer, answer  # its docstring, copied
+    rtool = {"type": "function", **tool["function"]}
+    r = oai.responses.create(model=MODEL, input=question, temperature=0, max_output_tokens=60,
+                             tools=[rtool])
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("python_doc", {"name": name})]

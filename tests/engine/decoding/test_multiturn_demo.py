@@ -70,10 +70,12 @@ def test_second_turn_is_answered_the_same_with_and_without_the_prompt_cache(demo
     assert demo.tokenizer.decode(cached).startswith("`itertools.chain`\n\n")
 
 
-def test_past_its_training_window_the_demo_itself_answers_from_the_history(demo):
-    """The chat of the report, four turns (338 tokens): the engine, with the cache carried
-    over every turn, answers ``itertools.chain`` with ``json.dump``'s docstring, and so does
-    transformers' modeling of the same weights, uncached, on the same token ids."""
+def test_past_its_training_window_the_engine_answers_as_transformers_does(demo):
+    """The chat of the report, four turns (over 256 tokens): the engine, with the cache
+    carried over every turn, gives the answer transformers' modeling of the same weights gives,
+    uncached, on the same token ids. (The demo the report was about answered
+    ``itertools.chain`` with ``json.dump``'s docstring here, and so did transformers; the demo
+    retrained with tool chats, which saw longer chats, answers ``itertools.chain``.)"""
     torch = pytest.importorskip("torch")
     from engine.training.reference import load_model
 
@@ -84,7 +86,7 @@ def test_past_its_training_window_the_demo_itself_answers_from_the_history(demo)
     with torch.no_grad():  # one forward over prompt + reply: its greedy picks at each step
         _, logits = load_model(default_model_path()).trunk_forward(torch.tensor([ids + got]))
     assert logits[0, len(ids) - 1:-1].argmax(-1).tolist() == got
-    assert demo.tokenizer.decode(got).startswith("`json.dump")
+    assert demo.tokenizer.decode(got).startswith("`")  # an answer in the corpus's form
 
 
 def _turns(model, questions, carry, *, thinking, sampling=GREEDY, seed=None):
