@@ -111,16 +111,10 @@ def main(argv: list[str]) -> int:
                                            "docs/screenshots/newcomer"))
         return 0
 
-    from app.chat.main_window import MainWindow
     from app.chat.settings_dialog import AppPreferences
-    from engine.resources import default_model_path
+    from tests.app.screenshots import demo_window
 
-    out = Path(argv[0] if argv else "docs/screenshots/newcomer")
-    out.mkdir(parents=True, exist_ok=True)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    home = Path(os.environ["MTPCHAT_HOME"])
-    w = MainWindow(model_path=str(default_model_path()), db_file=home / "chats.db")
-    w.show()
+    app, w, out = demo_window(argv, "docs/screenshots/newcomer", "chats.db")
     end = time.monotonic() + 120
     while w.model.info is None and time.monotonic() < end:
         _pump(app, 0.1)

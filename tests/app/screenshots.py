@@ -23,6 +23,24 @@ SIZES = {"default": None, "900x650": (900, 650), "1920x1080": (1920, 1080)}
 PROMPT = "How do I iterate by hand? Explain `it.__next__()` and `__init__`."
 
 
+def demo_window(argv: list[str], default_out: str, db_name: str):
+    """(app, window, out folder) for the screenshot scripts that run the real demo model: the
+    output folder from ``argv`` (created), a ``MainWindow`` on the demo in ``$MTPCHAT_HOME``,
+    shown."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.chat.main_window import MainWindow
+    from engine.resources import default_model_path
+
+    out = Path(argv[0] if argv else default_out)
+    out.mkdir(parents=True, exist_ok=True)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    home = Path(os.environ["MTPCHAT_HOME"])
+    w = MainWindow(model_path=str(default_model_path()), db_file=home / db_name)
+    w.show()
+    return app, w, out
+
+
 def _pump(app, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:

@@ -47,17 +47,9 @@ def _shoot(app, w, out: Path, stem: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from PySide6.QtWidgets import QApplication
+    from tests.app.screenshots import demo_window
 
-    from app.chat.main_window import MainWindow
-    from engine.resources import default_model_path
-
-    out = Path(argv[0] if argv else "docs/screenshots/tools")
-    out.mkdir(parents=True, exist_ok=True)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    home = Path(os.environ["MTPCHAT_HOME"])
-    w = MainWindow(model_path=str(default_model_path()), db_file=home / "shots.db")
-    w.show()
+    app, w, out = demo_window(argv, "docs/screenshots/tools", "shots.db")
     _wait(app, lambda: w.model.info is not None and w.view.example_buttons, 180)
     _pump(app, 0.5)
     _shoot(app, w, out, "empty")
