@@ -37,7 +37,10 @@ def test_schema_masks_follow_a_valid_document_and_allow_eos_only_at_the_end(demo
     eos = demo.info.eos_token_ids[0]
     first = c.allowed()
     assert first.shape == (demo.info.vocab_size,) and first.dtype == bool
-    assert [demo.tokenizer.decode([i]) for i in np.nonzero(first)[0]] == ["{"]
+    firsts = [demo.tokenizer.decode([i]) for i in np.nonzero(first)[0]]
+    # the object's opening only: "{", or '{"' where the vocabulary merged them (the demo
+    # trained with tool chats has that token)
+    assert firsts and all(t in ("{", '{"') for t in firsts), firsts
     rows = c.allowed_rows(ids)
     assert rows.shape == (len(ids) + 1, demo.info.vocab_size)
     assert all(rows[i][t] for i, t in enumerate(ids))          # the document is allowed
