@@ -28,11 +28,18 @@ def test_demo_model_with_tools_and_after_a_tool_result(qtbot, tmp_path, monkeypa
         settings = replace(w.session.settings_for(conv), max_tokens=16, temperature=0.0)
         w.conversations.set_settings(conv, settings)
 
+        from tests.tools.test_tool_loop import pending
+
         def reply_to(text: str):
             w.composer.edit.setPlainText(text)
             w.composer.button.click()
-            qtbot.waitUntil(lambda: not w.session.busy, timeout=120_000)
-            return w.store.messages(conv)[-1]
+            qtbot.waitUntil(lambda: not w.session.busy or pending(w) is not None,
+                            timeout=120_000)
+            first = [m for m in w.store.messages(conv) if m.role == "assistant"][-1]
+            if pending(w) is not None:  # the demo calls python_doc when it is offered
+                pending(w).buttons["deny"].click()
+                qtbot.waitUntil(lambda: not w.session.busy, timeout=120_000)
+            return first
 
         plain = reply_to("What does os.path.join do?")
         w.tools.set_server(builtin.SERVER, True)
