@@ -67,9 +67,8 @@ class TrainConfig:
 
 TINY = TrainConfig(size=TINY_SIZE, vocab_size=1024, seq_len=64, batch_size=4, joint_steps=12,
                    mtp_steps=6, warmup=2, corpus_variants=1, corpus_limit=400, tool_heldout=4,
-                   tool_synthetic=20,
-                   eval_prompts=3,
-                   eval_max_new=12, final_eval_prompts=3, final_eval_max_new=12, log_every=2)
+                   tool_synthetic=20, eval_prompts=3, eval_max_new=12, final_eval_prompts=3,
+                   final_eval_max_new=12, log_every=2)
 
 
 def config_for(*, tiny: bool, steps: int | None, seed: int) -> TrainConfig:
@@ -278,9 +277,11 @@ def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
                                limit_items=cfg.corpus_limit)
     texts = [tokenizer.render_chat(chat) for chat in data.train_chats]
-    tools = tool_chats.build_tool_chats(
-        tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
-        heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic) if cfg.tool_share else tool_chats.ToolChats([], [])
+    tools = tool_chats.ToolChats([], [])
+    if cfg.tool_share:
+        tools = tool_chats.build_tool_chats(
+            tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
+            heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic)
     tool_texts = [tokenizer.render_chat(chat) for chat in tools.chats]
     tok = tokenizer.train_tokenizer(texts + tool_texts, vocab_size=cfg.vocab_size)
     tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
