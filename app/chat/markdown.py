@@ -18,7 +18,7 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 SOFT_LIMIT = 1200  # characters after which a prose chunk may be cut before a list item/heading
 HARD_LIMIT = 16_000  # a prose chunk or one line is cut here whatever follows (bounded renders)
-PREVIEW_CHARS = 100_000  # a longer message shows its first part; the whole is one click away
+PREVIEW_CHARS = 50_000  # a longer message shows its first part; the whole is one click away
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
 _SPLIT_POINT = re.compile(r"^(?:[-*+] |\d{1,9}[.)] |#{1,6} )")
