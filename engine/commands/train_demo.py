@@ -15,6 +15,10 @@ def add_arguments(p) -> None:
                         "default: the shipped configuration")
     p.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
     p.add_argument("--tiny", action="store_true", help="a minute-scale configuration for tests")
+    p.add_argument("--mtp-tool-share", type=float, default=None,
+                   help="share of tool-chat windows in the MTP phase, drawn from a stream of "
+                        "its own (0: the question/answer chats only); default: the joint "
+                        "phase's stream goes on, as the shipped demo was trained")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core CPU one thread was "
                         "measured faster than two; results depend on the thread count)")
@@ -31,7 +35,8 @@ def _line(ev: dict) -> str:
     if kind == "eval" and ev.get("after") == "tools":
         return (f"[eval ] tool calls on unseen names: {ev['calls']:.0%} exact calls, "
                 f"{ev['answers']:.0%} answers open with the result's signature "
-                f"({ev['prompts']} prompts)")
+                f"({ev['prompts']} prompts); the answers' acceptance by position "
+                f"{ev.get('acceptance')}, tokens/cycle {ev.get('tokens_per_cycle')}")
     if kind == "eval":
         return (f"[eval ] after {ev['after']}: acceptance by position {ev['acceptance']}, "
                 f"tokens/cycle {ev['tokens_per_cycle']} ({ev['prompts']} prompts, "
@@ -50,7 +55,7 @@ def run(args) -> int:
         return 2
 
     cfg = replace(trainer.config_for(tiny=args.tiny, steps=args.steps, seed=args.seed),
-                  threads=args.threads)
+                  threads=args.threads, mtp_tool_share=args.mtp_tool_share)
 
     def report(ev: dict) -> None:
         print(json.dumps(ev) if args.json else _line(ev), flush=True)

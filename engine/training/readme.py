@@ -24,9 +24,20 @@ def _command(cfg: dict, out: str, default_steps: int | None) -> str:
         cmd += f" --steps {steps}"
     if cfg["seed"]:
         cmd += f" --seed {cfg['seed']}"
+    if cfg.get("mtp_tool_share") is not None:
+        cmd += f" --mtp-tool-share {cfg['mtp_tool_share']}"
     if cfg["threads"] != 1:
         cmd += f" --threads {cfg['threads']}"
     return cmd
+
+
+def _tool_acceptance(tools: dict) -> str:
+    if not tools.get("acceptance"):
+        return ""
+    accs = " / ".join("-" if a is None else f"{a:.3f}" for a in tools["acceptance"])
+    tpc = tools["tokens_per_cycle"]
+    return (f" The MTP head's greedy acceptance on those answers, by position: {accs};"
+            f" {tpc[max(tpc)]} tokens a cycle at depth {max(tpc)}.")
 
 
 def _tools_section(summary: dict) -> str:
@@ -46,7 +57,7 @@ docstring's first paragraph. Measured on {tools['prompts']} names of modules it 
 trained on (`heldout_tools.json`; in no training chat): the first reply is exactly the call
 `python_doc(name=...)` with the name asked about in {100 * tools['calls']:.0f}%; given the real
 result, the answer opens with its signature line in {100 * tools['answers']:.0f}% and equals
-the trained answer form in {100 * tools['exact']:.0f}%.
+the trained answer form in {100 * tools['exact']:.0f}%.{_tool_acceptance(tools)}
 
 {examples}
 """
@@ -64,6 +75,8 @@ def render(summary: dict, *, out: str, weights_bytes: int) -> str:
     sep = "|".join(["---"] * (2 * depth + 1))
     n_layers = size["num_hidden_layers"]
     full = [i for i in range(n_layers) if (i + 1) % size["full_attention_interval"] == 0]
+    mtp_share = cfg.get("mtp_tool_share")
+    mtp_share = 100 * (cfg.get("tool_share", 0) if mtp_share is None else mtp_share)
     return f"""# mtp-demo-qwen3_5
 
 A miniature of Qwen3.5-0.8B (same architecture, same on-disk layout, same chat tokens), trained
@@ -139,7 +152,8 @@ CPU). {summary['train_seconds'] / 60:.1f} minutes on this machine (2 shared CPU 
    AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)),
    both on assistant tokens only (the user's questions are context, not targets).
    Final: loss {summary['joint_final'].get('loss')}, MTP loss {summary['joint_final'].get('mtp_loss')}.
-2. MTP phase, {cfg['mtp_steps']} steps, trunk frozen: every step s = 1..{cfg['depth']} of every
+2. MTP phase, {cfg['mtp_steps']} steps, trunk frozen, on windows of the question/answer chats
+   ({mtp_share:.0f}% from the tool chats): every step s = 1..{cfg['depth']} of every
    draft chain (step s >= 2 fed the head's own hidden after `mtp.norm` and the next token) is
    distilled towards the trunk's own next-token distribution (soft cross-entropy, weights
    {list(cfg['depth_weights'])}). Final soft cross-entropy by step: {_losses(summary['mtp_final'])}.

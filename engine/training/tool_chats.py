@@ -221,40 +221,49 @@ def build_tool_chats(items: list[ToolItem], *, seed: int, known_share: float = 0
     return ToolChats(chats, held_out)
 
 
-def _generate(model, tok, messages: list[dict], eos: set[int], max_new: int) -> str:
+def _prompt(tok, messages: list[dict]) -> list[int]:
     from engine.training import tokenizer
-    from engine.training.acceptance import greedy_generate
 
-    prompt = tok.encode(tokenizer.render_chat(messages, add_generation_prompt=True,
-                                              enable_thinking=False)).ids
-    out = greedy_generate(model, prompt, max_new=max_new, eos=eos)[len(prompt):]
-    return tok.decode([t for t in out if t not in eos])
+    return tok.encode(tokenizer.render_chat(messages, add_generation_prompt=True,
+                                            enable_thinking=False)).ids
 
 
-def evaluate(model, tok, heldout: list[dict], *, eos: set[int], max_new: int = 160) -> dict:
+def _text(tok, ids: list[int], eos: set[int]) -> str:
+    return tok.decode([t for t in ids if t not in eos])
+
+
+def evaluate(model, tok, heldout: list[dict], *, eos: set[int], max_new: int = 160,
+             depth: int = 3) -> dict:
     """On names in no training chat, greedy: ``calls`` -- the share of questions answered with
     exactly ``python_doc(name)`` (the call the app's parser reads); ``answers`` -- after the
     real result, the share of answers that begin with the result's first line and
-    ``exact`` -- that equal the trained answer form; ``examples``: the first two replies."""
+    ``exact`` -- that equal the trained answer form; ``acceptance`` and ``tokens_per_cycle``
+    -- the MTP head's on those answers; ``examples``: the first two replies."""
     from engine.server.templates import tool_call_xml
+    from engine.training import acceptance
+    from engine.training.acceptance import greedy_generate
 
     system = {"role": "system", "content": tools_system()}
-    calls = answers = exact = 0
-    examples = []
+    wanted, afters, got_calls = [], [], []
     for h in heldout:
         ask = [system, {"role": "user", "content": h["prompt"]}]
         call = tool_call_xml("python_doc", {"name": h["name"]})
-        got_call = _generate(model, tok, ask, eos, 48)
-        calls += got_call.strip() == call
-        after = ask + [{"role": "assistant", "content": call},
-                       {"role": "user",
-                        "content": f"<tool_response>\n{h['result']}\n</tool_response>"}]
-        got = _generate(model, tok, after, eos, max_new)
-        answers += got.startswith(h["answer"].split("\n")[0])
-        exact += got.strip() == h["answer"]
-        if len(examples) < 2:
-            examples.append({"prompt": h["prompt"], "call": got_call, "answer": got})
+        prompt = _prompt(tok, ask)
+        got_calls.append(_text(tok, greedy_generate(model, prompt, max_new=48,
+                                                    eos=eos)[len(prompt):], eos))
+        wanted.append(call)
+        afters.append(_prompt(tok, ask + [
+            {"role": "assistant", "content": call},
+            {"role": "user", "content": f"<tool_response>\n{h['result']}\n</tool_response>"}]))
+    acc = acceptance.measure(model, afters, eos=eos, depth=depth, max_new=max_new)
+    got = [_text(tok, ids, eos) for ids in acc.pop("outputs")]
     n = max(1, len(heldout))
+    calls = sum(c.strip() == want for c, want in zip(got_calls, wanted))
+    answers = sum(g.startswith(h["answer"].split("\n")[0]) for g, h in zip(got, heldout))
+    exact = sum(g.strip() == h["answer"] for g, h in zip(got, heldout))
+    examples = [{"prompt": h["prompt"], "call": c, "answer": g}
+                for h, c, g in list(zip(heldout, got_calls, got))[:2]]
     return {"prompts": len(heldout), "calls": round(calls / n, 3),
             "answers": round(answers / n, 3), "exact": round(exact / n, 3),
+            "acceptance": acc["acceptance"], "tokens_per_cycle": acc["tokens_per_cycle"],
             "examples": examples}

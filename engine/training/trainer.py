@@ -54,7 +54,9 @@ class TrainConfig:
     depth_weights: tuple[float, ...] = (1.0, 0.6, 0.4)
     corpus_variants: int = 6
     corpus_limit: int | None = None
-    tool_share: float = 0.3  # of the training windows, from the tool chats (0: none)
+    tool_share: float = 0.3  # of the joint phase's windows, from the tool chats (0: none)
+    # of the MTP phase's windows, from its own generator (None: the joint phase's windows go on)
+    mtp_tool_share: float | None = None
     tool_heldout: int = tool_chats.TOOL_HELDOUT
     tool_synthetic: int = 3000  # made-up names in the tool chats (tool_chats.synthetic_items)
     eval_prompts: int = 32
@@ -210,6 +212,15 @@ def _distill_loss(model: DemoModel, batch: tuple[torch.Tensor, torch.Tensor],
     return losses
 
 
+def _mtp_batches(cfg: TrainConfig, joint: _Batches, base, tool) -> _Batches:
+    """The MTP phase's windows: the joint phase's stream goes on (the shipped demo), or with
+    ``mtp_tool_share`` set, a stream of its own with that share of tool-chat windows (0 lets
+    the head distil the question/answer chats only, where its acceptance is measured)."""
+    if cfg.mtp_tool_share is None:
+        return joint
+    return _Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 31, cfg.mtp_tool_share)
+
+
 def _mtp_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _Progress) -> dict:
     for p in model.trunk.parameters():
         p.requires_grad_(False)
@@ -323,8 +334,8 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     acc_joint["quality"] = answer_quality(tok, acc_joint.pop("outputs"), data.heldout)
     report({"event": "eval", "after": "joint", **acc_joint})
     joint_head = copy.deepcopy(model.mtp.state_dict())
-
-    distill = _mtp_phase(model, cfg, batches, prog) if cfg.mtp_steps else {}
+    mtp_batches = _mtp_batches(cfg, batches, base, tool)
+    distill = _mtp_phase(model, cfg, mtp_batches, prog) if cfg.mtp_steps else {}
     acc_mtp = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
                                  max_new=cfg.eval_max_new) if cfg.mtp_steps else acc_joint
     acc_mtp.pop("outputs", None)
@@ -337,7 +348,7 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
                                depth=cfg.depth, max_new=cfg.final_eval_max_new)
     final["quality"] = answer_quality(tok, final.pop("outputs"), data.heldout)
     report({"event": "eval", "after": "final", "head": chosen, **final})
-    tools_eval = tool_chats.evaluate(model, tok, tools.heldout, eos=eos)
+    tools_eval = tool_chats.evaluate(model, tok, tools.heldout, eos=eos, depth=cfg.depth)
     report({"event": "eval", "after": "tools", **tools_eval})
     summary = {
         "config": {**asdict(cfg), "size": cfg.size.as_dict()},

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,9 @@ IDS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<think>": 3, "</
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "model"
     events: list[dict] = []
-    cfg = trainer.config_for(tiny=True, steps=None, seed=0)
+    # the MTP phase on a stream of its own with only question/answer windows (the CLI's
+    # determinism test below runs the default: the joint phase's stream goes on)
+    cfg = replace(trainer.config_for(tiny=True, steps=None, seed=0), mtp_tool_share=0.0)
     summary = trainer.train_demo(out, cfg, events.append)
     return out, events, summary
 
@@ -113,6 +116,11 @@ def test_tiny_run_reports_progress_and_learns(tiny_run):
     assert summary["tool_chats"] > 0 and summary["tool_tokens"] > 0
     assert summary["tools_final"]["prompts"] == 4
     assert {"calls", "answers", "exact"} <= set(summary["tools_final"])
+    # ... with the head's acceptance on those answers, as on the question/answer prompts
+    assert len(summary["tools_final"]["acceptance"]) == 3
+    assert set(summary["tools_final"]["tokens_per_cycle"]) == {1, 2, 3}
+    readme = (tiny_run[0] / "README.md").read_text()
+    assert "--mtp-tool-share 0.0" in readme and "(0% from the tool chats)" in readme
 
 
 def test_tokenizer_loads_with_transformers(tiny_run):
