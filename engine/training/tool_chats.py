@@ -232,6 +232,18 @@ def _text(tok, ids: list[int], eos: set[int]) -> str:
     return tok.decode([t for t in ids if t not in eos])
 
 
+def answer_prompt(tok, item: dict) -> list[int]:
+    """The ids before the answer to held-out ``item``: its question, the right call and the
+    tool's real result, under the app's ``# Tools`` system turn."""
+    from engine.server.templates import tool_call_xml
+
+    return _prompt(tok, [
+        {"role": "system", "content": tools_system()},
+        {"role": "user", "content": item["prompt"]},
+        {"role": "assistant", "content": tool_call_xml("python_doc", {"name": item["name"]})},
+        {"role": "user", "content": f"<tool_response>\n{item['result']}\n</tool_response>"}])
+
+
 def evaluate(model, tok, heldout: list[dict], *, eos: set[int], max_new: int = 160,
              depth: int = 3) -> dict:
     """On names in no training chat, greedy: ``calls`` -- the share of questions answered with
@@ -252,9 +264,7 @@ def evaluate(model, tok, heldout: list[dict], *, eos: set[int], max_new: int = 1
         got_calls.append(_text(tok, greedy_generate(model, prompt, max_new=48,
                                                     eos=eos)[len(prompt):], eos))
         wanted.append(call)
-        afters.append(_prompt(tok, ask + [
-            {"role": "assistant", "content": call},
-            {"role": "user", "content": f"<tool_response>\n{h['result']}\n</tool_response>"}]))
+        afters.append(answer_prompt(tok, h))
     acc = acceptance.measure(model, afters, eos=eos, depth=depth, max_new=max_new)
     got = [_text(tok, ids, eos) for ids in acc.pop("outputs")]
     n = max(1, len(heldout))

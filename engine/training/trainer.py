@@ -91,7 +91,7 @@ def _lr_at(step: int, total: int, base: float, warmup: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-class _Batches:
+class Batches:
     """Random windows of the token streams and their loss masks, from a seeded generator: a
     ``tool_share`` of the rows from the tool chats' stream (when it has any), the others from
     the question/answer stream, whatever their sizes."""
@@ -152,7 +152,7 @@ def _masked_ce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -
     return (per * m).sum() / m.sum().clamp_min(1.0)
 
 
-class _Progress:
+class Progress:
     def __init__(self, report: Report, total_steps: int, tokens_per_step: int):
         self.report, self.total, self.tps = report, total_steps, tokens_per_step
         self.t0 = time.monotonic()
@@ -167,7 +167,7 @@ class _Progress:
                      "eta_s": round((self.total - self.done) / rate, 1)})
 
 
-def _joint_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _Progress) -> dict:
+def _joint_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progress) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -212,16 +212,16 @@ def _distill_loss(model: DemoModel, batch: tuple[torch.Tensor, torch.Tensor],
     return losses
 
 
-def _mtp_batches(cfg: TrainConfig, joint: _Batches, base, tool) -> _Batches:
+def _mtp_batches(cfg: TrainConfig, joint: Batches, base, tool) -> Batches:
     """The MTP phase's windows: the joint phase's stream goes on (the shipped demo), or with
     ``mtp_tool_share`` set, a stream of its own with that share of tool-chat windows (0 lets
     the head distil the question/answer chats only, where its acceptance is measured)."""
     if cfg.mtp_tool_share is None:
         return joint
-    return _Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 31, cfg.mtp_tool_share)
+    return Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 31, cfg.mtp_tool_share)
 
 
-def _mtp_phase(model: DemoModel, cfg: TrainConfig, batches: _Batches, prog: _Progress) -> dict:
+def mtp_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progress) -> dict:
     for p in model.trunk.parameters():
         p.requires_grad_(False)
     params = list(model.mtp.parameters())
@@ -253,7 +253,7 @@ def _score(acc: dict) -> float:
     return float(tpc[max(tpc)] or 0.0)
 
 
-def _prompt_ids(tok, prompts: list[str]) -> list[list[int]]:
+def prompt_ids(tok, prompts: list[str]) -> list[list[int]]:
     return [tok.encode(tokenizer.render_chat([{"role": "user", "content": p}],
                                              add_generation_prompt=True,
                                              enable_thinking=False)).ids for p in prompts]
@@ -273,7 +273,7 @@ def answer_quality(tok, outputs: list[list[int]], heldout: list[dict]) -> dict:
             "correct": round(correct / n, 3)}
 
 
-def _stream(tok, ids: dict, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def token_stream(tok, ids: dict, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     stream: list[int] = []
     mask: list[float] = []
     for enc in tok.encode_batch(texts):
@@ -297,7 +297,7 @@ def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     tok = tokenizer.train_tokenizer(texts + tool_texts, vocab_size=cfg.vocab_size)
     tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
     ids = tokenizer.token_ids(tok)
-    base, tool = _stream(tok, ids, texts), _stream(tok, ids, tool_texts)
+    base, tool = token_stream(tok, ids, texts), token_stream(tok, ids, tool_texts)
     for name, rows in (("heldout_prompts.json", data.heldout_prompts),
                        ("heldout.json", data.heldout), ("heldout_tools.json", tools.heldout)):
         (out_dir / name).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n",
@@ -321,10 +321,10 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
                         pad_token_id=ids[tokenizer.ENDOFTEXT], seed=cfg.seed)
     params = count_parameters(model)
     report({"event": "model", "vocab_size": vocab, **params})
-    batches = _Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 17, cfg.tool_share)
-    prog = _Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
+    batches = Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 17, cfg.tool_share)
+    prog = Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
     eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
-    prompts = _prompt_ids(tok, data.heldout_prompts)
+    prompts = prompt_ids(tok, data.heldout_prompts)
 
     joint = _joint_phase(model, cfg, batches, prog)
     export_model(model, cfg.size, out_dir, ids=ids)  # a usable interim model
@@ -335,7 +335,7 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     report({"event": "eval", "after": "joint", **acc_joint})
     joint_head = copy.deepcopy(model.mtp.state_dict())
     mtp_batches = _mtp_batches(cfg, batches, base, tool)
-    distill = _mtp_phase(model, cfg, mtp_batches, prog) if cfg.mtp_steps else {}
+    distill = mtp_phase(model, cfg, mtp_batches, prog) if cfg.mtp_steps else {}
     acc_mtp = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth,
                                  max_new=cfg.eval_max_new) if cfg.mtp_steps else acc_joint
     acc_mtp.pop("outputs", None)

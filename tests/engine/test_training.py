@@ -343,3 +343,23 @@ def test_shipped_model_answers_unseen_phrasings_correctly():
         correct += item["qualname"] in text and item["first_sentence"] in text
     # 15 of these 16 when shipped (80% over all 64 held-out questions, README); 12 = margin
     assert correct >= 12, f"{correct}/{len(heldout)} correct answers"
+
+
+def test_mtp_probe_continues_the_head_only_and_measures_both_prompt_sets(tiny_run, tmp_path,
+                                                                         capsys):
+    from engine.training import mtp_probe
+
+    out, _, summary = tiny_run
+    assert mtp_probe.config_of(summary) == replace(
+        trainer.config_for(tiny=True, steps=None, seed=0), mtp_tool_share=0.0)
+    assert mtp_probe.main(["--model", str(out), "--steps", "2", "--mtp-tool-share", "0.5",
+                           "--save", str(tmp_path / "probed")]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    before, after = lines[0]["before"], lines[-1]["after"]
+    for got in (before, after):
+        assert got["qa"]["prompts"] == 3 and got["tool_answers"]["prompts"] == 4
+        assert len(got["tool_answers"]["acceptance"]) == 3
+    _, old = read_export(out)
+    _, new = read_export(tmp_path / "probed")
+    changed = {k for k in old if not torch.equal(old[k], new[k])}
+    assert changed and all(k.startswith("mtp.") for k in changed)
