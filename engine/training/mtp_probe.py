@@ -8,9 +8,9 @@ idea on a shipped trunk in minutes, where ``train-demo`` from scratch takes an h
 its result is not a shipped model (only ``train-demo`` reproduces one), so ``--save`` writes
 the probed head into a copy for inspection only.
 
-The sixth session's finding, with it: the retrained demo's head lost 3 % of its depth-3 tokens
-a cycle on the question/answer prompts because 30 % of its MTP-phase windows were tool chats;
-150 steps on question/answer windows only (``--mtp-tool-share 0``) gave that back.
+What it found (docs/tools.md): the retrained demo's head lost 3 % of its depth-3 tokens a cycle
+on the question/answer prompts for want of MTP-phase steps; 150 more gave it back with the
+same window mix (``--mtp-tool-share 0.3``) as with question/answer windows only (``0``).
 """
 from __future__ import annotations
 
