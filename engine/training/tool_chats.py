@@ -232,15 +232,22 @@ def _text(tok, ids: list[int], eos: set[int]) -> str:
     return tok.decode([t for t in ids if t not in eos])
 
 
+def _question(item: dict) -> list[dict]:
+    return [{"role": "system", "content": tools_system()},
+            {"role": "user", "content": item["prompt"]}]
+
+
+def _call(item: dict) -> str:
+    from engine.server.templates import tool_call_xml
+
+    return tool_call_xml("python_doc", {"name": item["name"]})
+
+
 def answer_prompt(tok, item: dict) -> list[int]:
     """The ids before the answer to held-out ``item``: its question, the right call and the
     tool's real result, under the app's ``# Tools`` system turn."""
-    from engine.server.templates import tool_call_xml
-
-    return _prompt(tok, [
-        {"role": "system", "content": tools_system()},
-        {"role": "user", "content": item["prompt"]},
-        {"role": "assistant", "content": tool_call_xml("python_doc", {"name": item["name"]})},
+    return _prompt(tok, _question(item) + [
+        {"role": "assistant", "content": _call(item)},
         {"role": "user", "content": f"<tool_response>\n{item['result']}\n</tool_response>"}])
 
 
@@ -251,24 +258,19 @@ def evaluate(model, tok, heldout: list[dict], *, eos: set[int], max_new: int = 1
     real result, the share of answers that begin with the result's first line and
     ``exact`` -- that equal the trained answer form; ``acceptance`` and ``tokens_per_cycle``
     -- the MTP head's on those answers; ``examples``: the first two replies."""
-    from engine.server.templates import tool_call_xml
     from engine.training import acceptance
     from engine.training.acceptance import greedy_generate
 
-    system = {"role": "system", "content": tools_system()}
-    wanted, afters, got_calls = [], [], []
+    got_calls = []
     for h in heldout:
-        ask = [system, {"role": "user", "content": h["prompt"]}]
-        call = tool_call_xml("python_doc", {"name": h["name"]})
-        prompt = _prompt(tok, ask)
+        prompt = _prompt(tok, _question(h))
         got_calls.append(_text(tok, greedy_generate(model, prompt, max_new=48,
                                                     eos=eos)[len(prompt):], eos))
-        wanted.append(call)
-        afters.append(answer_prompt(tok, h))
-    acc = acceptance.measure(model, afters, eos=eos, depth=depth, max_new=max_new)
+    acc = acceptance.measure(model, [answer_prompt(tok, h) for h in heldout], eos=eos,
+                             depth=depth, max_new=max_new)
     got = [_text(tok, ids, eos) for ids in acc.pop("outputs")]
     n = max(1, len(heldout))
-    calls = sum(c.strip() == want for c, want in zip(got_calls, wanted))
+    calls = sum(c.strip() == _call(h) for c, h in zip(got_calls, heldout))
     answers = sum(g.startswith(h["answer"].split("\n")[0]) for g, h in zip(got, heldout))
     exact = sum(g.strip() == h["answer"] for g, h in zip(got, heldout))
     examples = [{"prompt": h["prompt"], "call": c, "answer": g}

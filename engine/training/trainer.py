@@ -282,17 +282,20 @@ def token_stream(tok, ids: dict, texts: list[str]) -> tuple[torch.Tensor, torch.
     return torch.tensor(stream, dtype=torch.long), torch.tensor(mask)
 
 
+def tool_chat_set(cfg: TrainConfig) -> tool_chats.ToolChats:
+    """The tool chats and held-out tool questions ``cfg`` trains on."""
+    return tool_chats.build_tool_chats(
+        tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
+        heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic)
+
+
 def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     """Corpus and tool chats, tokenizer (saved into ``out_dir``), token streams and held-out
     prompts (``heldout*.json``)."""
     data = corpus.build_corpus(seed=cfg.seed, variants=cfg.corpus_variants,
                                limit_items=cfg.corpus_limit)
     texts = [tokenizer.render_chat(chat) for chat in data.train_chats]
-    tools = tool_chats.ToolChats([], [])
-    if cfg.tool_share:
-        tools = tool_chats.build_tool_chats(
-            tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
-            heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic)
+    tools = tool_chat_set(cfg) if cfg.tool_share else tool_chats.ToolChats([], [])
     tool_texts = [tokenizer.render_chat(chat) for chat in tools.chats]
     tok = tokenizer.train_tokenizer(texts + tool_texts, vocab_size=cfg.vocab_size)
     tokenizer.save_tokenizer(tok, out_dir, model_max_length=cfg.size.max_position_embeddings)
