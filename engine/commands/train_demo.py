@@ -8,6 +8,14 @@ from pathlib import Path
 HELP = "train the demo Qwen3.5-architecture model with its MTP head (PyTorch, CPU)"
 
 
+def fraction(text: str) -> float:
+    """An argparse type: a share of windows, 0 to 1."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(text)
+    return value
+
+
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder (raw HF layout)")
     p.add_argument("--steps", type=int, default=None,
@@ -15,7 +23,7 @@ def add_arguments(p) -> None:
                         "default: the shipped configuration")
     p.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
     p.add_argument("--tiny", action="store_true", help="a minute-scale configuration for tests")
-    p.add_argument("--mtp-tool-share", type=float, default=None,
+    p.add_argument("--mtp-tool-share", type=fraction, default=None, metavar="0..1",
                    help="share of tool-chat windows in the MTP phase, drawn from a stream of "
                         "its own (0: the question/answer chats only); default: the joint "
                         "phase's stream goes on, as the shipped demo was trained")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from engine.commands.train_demo import fraction
 from engine.training import acceptance, corpus, tokenizer, tool_chats, trainer
 from engine.training.export import export_model, load_into, read_export
 from engine.training.model import ModelSize, build_model
@@ -83,11 +84,9 @@ class Probe:
         base = trainer.token_stream(self.tok, self.ids, texts)
         tool = None
         if tool_share:
-            chats = tool_chats.build_tool_chats(
-                tool_chats.collect_tool_items(limit=cfg.corpus_limit), seed=cfg.seed,
-                heldout=cfg.tool_heldout, synthetic=cfg.tool_synthetic)
+            chats = trainer.tool_chat_set(cfg).chats
             tool = trainer.token_stream(self.tok, self.ids,
-                                        [tokenizer.render_chat(c) for c in chats.chats])
+                                        [tokenizer.render_chat(c) for c in chats])
         return trainer.Batches(base, tool, cfg.seq_len, cfg.batch_size, seed, tool_share)
 
     def distill(self, steps: int, tool_share: float, seed: int, report) -> None:
@@ -97,17 +96,27 @@ class Probe:
         trainer.mtp_phase(self.model, cfg, self.batches(tool_share, seed), prog)
 
 
+def step_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100_000:
+        raise ValueError(text)
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.training.mtp_probe",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=DEMO, help="a train-demo folder")
-    p.add_argument("--steps", type=int, default=150, help="MTP-phase steps to add")
-    p.add_argument("--mtp-tool-share", type=float, default=0.0,
+    p.add_argument("--steps", type=step_count, default=150, metavar="1..100000",
+                   help="MTP-phase steps to add")
+    p.add_argument("--mtp-tool-share", type=fraction, default=0.0, metavar="0..1",
                    help="share of tool-chat windows in those steps (0: question/answer only)")
     p.add_argument("--seed", type=int, default=99, help="the windows' generator seed")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--save", type=Path, help="copy the folder here with the probed head")
     args = p.parse_args(argv)
+    if not (args.model / "training.json").is_file():
+        p.error(f"{args.model} is not a train-demo folder (it has no training.json)")
     probe = Probe(args.model, args.threads)
 
     def report(ev: dict) -> None:
