@@ -117,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (args.model / "training.json").is_file():
         p.error(f"{args.model} is not a train-demo folder (it has no training.json)")
+    if args.save and args.save.resolve() == args.model.resolve():
+        p.error("--save must be another folder: the probed head is not a shippable model")
+    try:
+        return _probe(args)
+    except KeyboardInterrupt:
+        print("interrupted (a --save folder may be incomplete)", file=sys.stderr)
+        return 130
+
+
+def _probe(args) -> int:
     probe = Probe(args.model, args.threads)
 
     def report(ev: dict) -> None:
