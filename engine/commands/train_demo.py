@@ -16,6 +16,14 @@ def fraction(text: str) -> float:
     return value
 
 
+def steps_count(text: str) -> int:
+    """An argparse type: a phase's step count, 0 to 100000."""
+    value = int(text)
+    if not 0 <= value <= 100_000:
+        raise ValueError(text)
+    return value
+
+
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder (raw HF layout)")
     p.add_argument("--steps", type=int, default=None,
@@ -27,6 +35,14 @@ def add_arguments(p) -> None:
                    help="share of tool-chat windows in the MTP phase, drawn from a stream of "
                         "its own (0: the question/answer chats only); default: the joint "
                         "phase's stream goes on, as the shipped demo was trained")
+    p.add_argument("--refine-steps", type=steps_count, default=None, metavar="0..100000",
+                   help="phase 3's steps: more distillation of the kept head with a fresh "
+                        "schedule (default: the shipped configuration's)")
+    p.add_argument("--refine-tool-share", type=fraction, default=None, metavar="0..1",
+                   help="share of tool-chat windows in phase 3 (default: the shipped 0.3)")
+    p.add_argument("--refine", type=Path, default=None, metavar="DIR",
+                   help="run phase 3 alone on the train-demo folder DIR (trained without it) "
+                        "and write the result to --out; DIR is left as it was")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: on a shared 2-core CPU one thread was "
                         "measured faster than two; results depend on the thread count)")
@@ -62,11 +78,45 @@ def run(args) -> int:
               "pip install 'mtpchat[train]'", file=sys.stderr)
         return 2
 
-    cfg = replace(trainer.config_for(tiny=args.tiny, steps=args.steps, seed=args.seed),
-                  threads=args.threads, mtp_tool_share=args.mtp_tool_share)
-
     def report(ev: dict) -> None:
         print(json.dumps(ev) if args.json else _line(ev), flush=True)
 
+    if args.refine is not None:
+        return _refine(args, report)
+    cfg = replace(trainer.config_for(tiny=args.tiny, steps=args.steps, seed=args.seed),
+                  threads=args.threads, mtp_tool_share=args.mtp_tool_share)
+    if args.refine_steps is not None:
+        cfg = replace(cfg, refine_steps=args.refine_steps)
+    if args.refine_tool_share is not None:
+        cfg = replace(cfg, refine_tool_share=args.refine_tool_share)
     trainer.train_demo(args.out, cfg, report)
+    return 0
+
+
+def _refine(args, report) -> int:
+    from engine.training import refine, trainer
+
+    fixed = [name for name, value in (("--tiny", args.tiny), ("--steps", args.steps),
+                                      ("--seed", args.seed), ("--mtp-tool-share",
+                                                              args.mtp_tool_share))
+             if value not in (None, False, 0)]
+    why = refine.check_refinable(args.refine, args.out)
+    if fixed:
+        why = f"{', '.join(fixed)} cannot change a trained folder (--refine reads its config)"
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    shipped = trainer.TrainConfig()
+    steps = shipped.refine_steps if args.refine_steps is None else args.refine_steps
+    share = (shipped.refine_tool_share if args.refine_tool_share is None
+             else args.refine_tool_share)
+    if not steps:
+        print("error: --refine-steps 0 would change nothing", file=sys.stderr)
+        return 2
+    try:
+        refine.refine_demo(args.refine, args.out, steps=steps, tool_share=share, report=report,
+                           threads=args.threads)
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out} is incomplete", file=sys.stderr)
+        return 130
     return 0

@@ -5,12 +5,13 @@ the head's greedy acceptance by position and tokens a cycle on the held-out ques
 prompts (the trainer's eval set) and on the answers to the held-out tool questions, before and
 after ``--steps`` more distillation steps on a chosen mix of windows. It checks an MTP-phase
 idea on a shipped trunk in minutes, where ``train-demo`` from scratch takes an hour or more;
-its result is not a shipped model (only ``train-demo`` reproduces one), so ``--save`` writes
-the probed head into a copy for inspection only.
+its result is not a shipped model (``train-demo``, or ``train-demo --refine`` for phase 3 alone,
+makes those), so ``--save`` writes the probed head into a copy for inspection only.
 
 What it found (docs/tools.md): the retrained demo's head lost 3 % of its depth-3 tokens a cycle
 on the question/answer prompts for want of MTP-phase steps; 150 more gave it back with the
-same window mix (``--mtp-tool-share 0.3``) as with question/answer windows only (``0``).
+same window mix (``--mtp-tool-share 0.3``) as with question/answer windows only (``0``). The
+trainer's phase 3 (``refine_steps``) is that finding made part of the run.
 """
 from __future__ import annotations
 
@@ -18,82 +19,47 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from engine.commands.train_demo import fraction
-from engine.training import acceptance, corpus, tokenizer, tool_chats, trainer
-from engine.training.export import export_model, load_into, read_export
-from engine.training.model import ModelSize, build_model
+from engine.training import acceptance, refine, tool_chats, trainer
+from engine.training.export import export_model
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "models" / "mtp-demo-qwen3_5"
-
-
-def config_of(summary: dict) -> trainer.TrainConfig:
-    """The ``TrainConfig`` a ``training.json`` records (fields it lacks keep their defaults)."""
-    saved = dict(summary["config"])
-    size = ModelSize(**saved.pop("size"))
-    known = {f.name for f in fields(trainer.TrainConfig)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in known}
-    return replace(trainer.TrainConfig(), size=size, **values)
+config_of = refine.config_of
 
 
 class Probe:
     """A trained demo folder loaded into torch, with its held-out prompts and window streams."""
 
     def __init__(self, model_dir: Path, threads: int = 1):
-        torch.set_num_threads(threads)
-        self.dir = model_dir
-        self.summary = json.loads((model_dir / "training.json").read_text(encoding="utf-8"))
-        self.cfg = config_of(self.summary)
-        ids = self.summary["token_ids"]
-        self.ids = ids
-        self.eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
-        self.model = build_model(self.cfg.size, vocab_size=self.summary["vocab_size"],
-                                 eos_token_id=ids[tokenizer.IM_END],
-                                 pad_token_id=ids[tokenizer.ENDOFTEXT], seed=self.cfg.seed)
-        load_into(self.model, read_export(model_dir)[1])
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.data = corpus.build_corpus(seed=self.cfg.seed, variants=self.cfg.corpus_variants,
-                                        limit_items=self.cfg.corpus_limit)
-        heldout = model_dir / "heldout_tools.json"
-        self.tool_heldout = json.loads(heldout.read_text()) if heldout.exists() else []
+        self.run = refine.load_trained(model_dir, threads)
+        self.cfg = self.run.cfg
 
     def measure(self) -> dict:
         """Greedy acceptance on the trainer's eval prompts and on the held-out tool answers."""
-        cfg, out = self.cfg, {}
-        qa = trainer.prompt_ids(self.tok, self.data.heldout_prompts)[:cfg.eval_prompts]
+        run, cfg, out = self.run, self.cfg, {}
+        qa = trainer.prompt_ids(run.tok, run.data.heldout_prompts)[:cfg.eval_prompts]
         sets = {"qa": (qa, cfg.eval_max_new)}
-        if self.tool_heldout:
-            sets["tool_answers"] = ([tool_chats.answer_prompt(self.tok, h)
-                                     for h in self.tool_heldout], 96)
+        if run.tool_heldout:
+            sets["tool_answers"] = ([tool_chats.answer_prompt(run.tok, h)
+                                     for h in run.tool_heldout], 96)
         for name, (prompts, max_new) in sets.items():
-            got = acceptance.measure(self.model, prompts, eos=self.eos, depth=cfg.depth,
+            got = acceptance.measure(run.model, prompts, eos=run.eos, depth=cfg.depth,
                                      max_new=max_new)
             out[name] = {"prompts": got["prompts"], "acceptance": got["acceptance"],
                          "tokens_per_cycle": got["tokens_per_cycle"]}
         return out
 
-    def batches(self, tool_share: float, seed: int) -> trainer.Batches:
-        cfg = self.cfg
-        texts = [tokenizer.render_chat(chat) for chat in self.data.train_chats]
-        base = trainer.token_stream(self.tok, self.ids, texts)
-        tool = None
-        if tool_share:
-            chats = trainer.tool_chat_set(cfg).chats
-            tool = trainer.token_stream(self.tok, self.ids,
-                                        [tokenizer.render_chat(c) for c in chats])
-        return trainer.Batches(base, tool, cfg.seq_len, cfg.batch_size, seed, tool_share)
-
     def distill(self, steps: int, tool_share: float, seed: int, report) -> None:
         """``steps`` more MTP-phase steps (a fresh optimizer and learning-rate schedule)."""
         cfg = replace(self.cfg, mtp_steps=steps)
+        base, tool = self.run.streams(cfg)
+        batches = trainer.Batches(base, tool if tool_share else None, cfg.seq_len,
+                                  cfg.batch_size, seed, tool_share)
         prog = trainer.Progress(report, steps, cfg.batch_size * cfg.seq_len)
-        trainer.mtp_phase(self.model, cfg, self.batches(tool_share, seed), prog)
+        trainer.mtp_phase(self.run.model, cfg, batches, prog)
 
 
 def step_count(text: str) -> int:
@@ -141,7 +107,7 @@ def _probe(args) -> int:
                       "mtp_tool_share": args.mtp_tool_share}), flush=True)
     if args.save:
         shutil.copytree(args.model, args.save, dirs_exist_ok=True)
-        export_model(probe.model, probe.cfg.size, args.save, ids=probe.ids)
+        export_model(probe.run.model, probe.cfg.size, args.save, ids=probe.run.ids)
     return 0
 
 

@@ -19,16 +19,62 @@ def _losses(values: dict) -> str:
 
 def _command(cfg: dict, out: str, default_steps: int | None) -> str:
     cmd = f"python -m engine train-demo --out {out}"
-    steps = cfg["joint_steps"] + cfg["mtp_steps"]
+    steps = cfg["joint_steps"] + cfg["mtp_steps"] + cfg.get("refine_steps", 0)
     if default_steps is not None and steps != default_steps:
         cmd += f" --steps {steps}"
     if cfg["seed"]:
         cmd += f" --seed {cfg['seed']}"
     if cfg.get("mtp_tool_share") is not None:
         cmd += f" --mtp-tool-share {cfg['mtp_tool_share']}"
+    if cfg.get("refine_steps") and cfg.get("refine_tool_share") != 0.3:
+        cmd += f" --refine-tool-share {cfg['refine_tool_share']}"
     if cfg["threads"] != 1:
         cmd += f" --threads {cfg['threads']}"
     return cmd
+
+
+def _training_commands(summary: dict, out: str) -> str:
+    """The command that reproduces the folder; and, when phase 3 ran on its own, the two
+    commands that made it."""
+    cfg = summary["config"]
+    one = _command(cfg, out, summary.get("default_steps"))
+    apart = summary.get("refined_separately")
+    if not apart:
+        return f"```\n{one}\n```\n"
+    first = _command({**cfg, "refine_steps": 0}, "PHASE2", None) + " --refine-steps 0"
+    second = (f"python -m engine train-demo --refine PHASE2 --out {out} "
+              f"--refine-steps {cfg['refine_steps']}")
+    if cfg["refine_tool_share"] != 0.3:
+        second += f" --refine-tool-share {cfg['refine_tool_share']}"
+    return f"""```
+{one}
+```
+
+These weights were made in two runs of the same code, which that one command chains: phases 1
+and 2 ({apart['phases_1_2_seconds'] / 60:.0f} minutes), then phase 3 alone on their folder
+({apart['seconds'] / 60:.0f} minutes, on another machine of the same kind):
+
+```
+{first}
+{second}
+```
+"""
+
+
+def _refine_phase(cfg: dict, summary: dict) -> str:
+    if not cfg.get("refine_steps"):
+        return ""
+    steps = cfg["refine_steps"]
+    return f"""3. Refine phase, {steps} steps: the kept head distilled as in phase 2, with a
+   fresh optimizer and learning-rate schedule (lr {cfg['mtp_lr']}, cosine) on windows of its
+   own ({100 * cfg['refine_tool_share']:.0f}% from the tool chats). Final soft cross-entropy
+   by step: {_losses(summary.get('refine_final') or {{}})}.
+"""
+
+
+def _refine_row(summary: dict) -> str:
+    acc = summary.get("acceptance_after_refine")
+    return f"| after refine phase ({acc['prompts']} prompts) | {_acc_rows(acc)} |\n" if acc else ""
 
 
 def _tool_acceptance(tools: dict) -> str:
@@ -141,12 +187,9 @@ Chat under the project's licence.
 
 ## Training
 
-```
-{_command(cfg, out, summary.get('default_steps'))}
-```
-
+{_training_commands(summary, out)}
 Deterministic given the seed and the thread count (single process, torch {summary['torch_version']},
-CPU). {summary['train_seconds'] / 60:.1f} minutes on this machine (2 shared CPU cores).
+CPU). {summary['train_seconds'] / 60:.1f} minutes in all, on 2 shared CPU cores.
 
 1. Joint phase, {cfg['joint_steps']} steps of {cfg['batch_size']} x {cfg['seq_len']} tokens,
    AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)),
@@ -157,9 +200,9 @@ CPU). {summary['train_seconds'] / 60:.1f} minutes on this machine (2 shared CPU 
    draft chain (step s >= 2 fed the head's own hidden after `mtp.norm` and the next token) is
    distilled towards the trunk's own next-token distribution (soft cross-entropy, weights
    {list(cfg['depth_weights'])}). Final soft cross-entropy by step: {_losses(summary['mtp_final'])}.
-
-Greedy acceptance on held-out prompts was measured after each phase and the better head kept:
-**{summary['chosen_head']}**.
+{_refine_phase(cfg, summary)}
+Greedy acceptance on held-out prompts was measured after phases 1 and 2 and the better head
+kept: **{summary['chosen_head']}**{' (then refined)' if cfg.get('refine_steps') else ''}.
 
 ## Measured acceptance (torch, float32, temperature 0)
 
@@ -171,7 +214,7 @@ accepted); tokens/cycle simulates decoding with d drafts per cycle (accepted dra
 |{sep}|
 | after joint phase ({acc_j['prompts']} prompts) | {_acc_rows(acc_j)} |
 | after MTP phase ({acc_m['prompts']} prompts) | {_acc_rows(acc_m)} |
-| **shipped** ({final['prompts']} prompts, {final['generated_tokens']} tokens) | {_acc_rows(final)} |
+{_refine_row(summary)}| **shipped** ({final['prompts']} prompts, {final['generated_tokens']} tokens) | {_acc_rows(final)} |
 
 ## Answer quality (torch, temperature 0)
 

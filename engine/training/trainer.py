@@ -5,7 +5,10 @@ Phase 1 (joint) trains trunk and head together: loss = CE(trunk) + ``mtp_weight`
 the head alone by distillation: every step s = 1..``depth`` of every draft chain (teacher-forced
 with the data tokens, step s >= 2 fed the head's own output hidden after ``mtp.norm``) is pulled
 towards the trunk's own next-token distribution at the position it drafts for. Greedy
-acceptance is measured on held-out prompts after each phase and the better head is exported.
+acceptance is measured on held-out prompts after each phase and the better head is kept.
+Phase 3 (refine, ``refine_steps``) distils that head further with a fresh optimizer and
+learning-rate schedule on windows of its own; it depends only on the exported phase-2 folder,
+so ``refine_demo`` can also run it alone on an existing folder (``engine.training.refine``).
 
 Deterministic given the seed on one machine (single process, seeded generators, deterministic
 torch algorithms). Progress goes to the ``report`` callback (the CLI prints it).
@@ -57,6 +60,8 @@ class TrainConfig:
     tool_share: float = 0.3  # of the joint phase's windows, from the tool chats (0: none)
     # of the MTP phase's windows, from its own generator (None: the joint phase's windows go on)
     mtp_tool_share: float | None = None
+    refine_steps: int = 300  # phase 3: more distillation of the kept head (0: none)
+    refine_tool_share: float = 0.3  # of phase 3's windows, from the tool chats
     tool_heldout: int = tool_chats.TOOL_HELDOUT
     tool_synthetic: int = 3000  # made-up names in the tool chats (tool_chats.synthetic_items)
     eval_prompts: int = 32
@@ -68,20 +73,27 @@ class TrainConfig:
 
 
 TINY = TrainConfig(size=TINY_SIZE, vocab_size=1024, seq_len=64, batch_size=4, joint_steps=12,
-                   mtp_steps=6, warmup=2, corpus_variants=1, corpus_limit=400, tool_heldout=4,
-                   tool_synthetic=20, eval_prompts=3, eval_max_new=12, final_eval_prompts=3,
-                   final_eval_max_new=12, log_every=2)
+                   mtp_steps=6, refine_steps=3, warmup=2, corpus_variants=1, corpus_limit=400,
+                   tool_heldout=4, tool_synthetic=20, eval_prompts=3, eval_max_new=12,
+                   final_eval_prompts=3, final_eval_max_new=12, log_every=2)
 
 
 def config_for(*, tiny: bool, steps: int | None, seed: int) -> TrainConfig:
-    """The shipped (or tiny) configuration; ``steps`` scales both phases keeping their ratio."""
+    """The shipped (or tiny) configuration; ``steps`` scales the three phases keeping their
+    ratio (the MTP phase gets one step from 2 steps on, the refine phase from 3)."""
     cfg = TINY if tiny else TrainConfig()
     cfg = replace(cfg, seed=seed)
     if steps is not None:
-        total = cfg.joint_steps + cfg.mtp_steps
+        total = total_steps(cfg)
         mtp = max(1, round(steps * cfg.mtp_steps / total)) if steps > 1 else 0
-        cfg = replace(cfg, joint_steps=max(1, steps - mtp), mtp_steps=mtp)
+        refine = max(1, round(steps * cfg.refine_steps / total)) if steps > 2 else 0
+        cfg = replace(cfg, joint_steps=max(1, steps - mtp - refine), mtp_steps=mtp,
+                      refine_steps=refine if cfg.refine_steps else 0)
     return cfg
+
+
+def total_steps(cfg: TrainConfig) -> int:
+    return cfg.joint_steps + cfg.mtp_steps + cfg.refine_steps
 
 
 def _lr_at(step: int, total: int, base: float, warmup: int) -> float:
@@ -221,7 +233,20 @@ def _mtp_batches(cfg: TrainConfig, joint: Batches, base, tool) -> Batches:
     return Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 31, cfg.mtp_tool_share)
 
 
-def mtp_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progress) -> dict:
+def refine_batches(cfg: TrainConfig, base, tool) -> Batches:
+    """Phase 3's windows: a generator of their own, ``refine_tool_share`` from the tool chats."""
+    return Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 53,
+                   cfg.refine_tool_share)
+
+
+def refine_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progress) -> dict:
+    """Phase 3: ``refine_steps`` more distillation steps on the kept head, with a fresh
+    optimizer and learning-rate schedule."""
+    return mtp_phase(model, replace(cfg, mtp_steps=cfg.refine_steps), batches, prog, "refine")
+
+
+def mtp_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progress,
+              name: str = "mtp") -> dict:
     for p in model.trunk.parameters():
         p.requires_grad_(False)
     params = list(model.mtp.parameters())
@@ -239,7 +264,7 @@ def mtp_phase(model: DemoModel, cfg: TrainConfig, batches: Batches, prog: Progre
         opt.step()
         last = {f"mtp_kl_step{s}": round(l.item(), 4) for s, l in enumerate(losses, start=1)}
         if step % cfg.log_every == 0 or step == cfg.mtp_steps - 1:
-            prog.step("mtp", step, **last)
+            prog.step(name, step, **last)
         else:
             prog.done += 1
     for p in model.trunk.parameters():
@@ -312,6 +337,38 @@ def prepare(cfg: TrainConfig, out_dir: Path, report: Report):
     return tok, ids, base, tool, data, tools
 
 
+def refine(model: DemoModel, cfg: TrainConfig, streams: tuple, eval_set: list[list[int]],
+           eos: set[int], prog: Progress, report: Report) -> tuple[dict, dict | None]:
+    """Phase 3 (when ``cfg.refine_steps``) and the acceptance after it on ``eval_set``."""
+    if not cfg.refine_steps:
+        return {}, None
+    losses = refine_phase(model, cfg, refine_batches(cfg, *streams), prog)
+    acc = acceptance.measure(model, eval_set, eos=eos, depth=cfg.depth, max_new=cfg.eval_max_new)
+    acc.pop("outputs", None)
+    report({"event": "eval", "after": "refine", **acc})
+    return losses, acc
+
+
+def final_evals(model: DemoModel, cfg: TrainConfig, tok, prompts: list[list[int]],
+                heldout: list[dict], tool_heldout: list[dict], eos: set[int],
+                report: Report) -> dict:
+    """The shipped head's acceptance and answer quality, then its tool calls (summary keys)."""
+    final = acceptance.measure(model, prompts[:cfg.final_eval_prompts], eos=eos,
+                               depth=cfg.depth, max_new=cfg.final_eval_max_new)
+    final["quality"] = answer_quality(tok, final.pop("outputs"), heldout)
+    report({"event": "eval", "after": "final", **final})
+    tools_eval = tool_chats.evaluate(model, tok, tool_heldout, eos=eos, depth=cfg.depth)
+    report({"event": "eval", "after": "tools", **tools_eval})
+    return {"acceptance_final": final, "tools_final": tools_eval}
+
+
+def write_summary(out_dir: Path, summary: dict, report: Report) -> None:
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n",
+                                           encoding="utf-8")
+    readme.write_readme(out_dir, summary, out=str(out_dir))
+    report({"event": "done", "seconds": summary["train_seconds"], "out": str(out_dir)})
+
+
 def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     """Train, measure and export the demo model into ``out_dir``; returns a summary."""
     t0 = time.monotonic()
@@ -325,7 +382,7 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     params = count_parameters(model)
     report({"event": "model", "vocab_size": vocab, **params})
     batches = Batches(base, tool, cfg.seq_len, cfg.batch_size, cfg.seed + 17, cfg.tool_share)
-    prog = Progress(report, cfg.joint_steps + cfg.mtp_steps, cfg.batch_size * cfg.seq_len)
+    prog = Progress(report, total_steps(cfg), cfg.batch_size * cfg.seq_len)
     eos = {ids[tokenizer.IM_END], ids[tokenizer.ENDOFTEXT]}
     prompts = prompt_ids(tok, data.heldout_prompts)
 
@@ -346,29 +403,24 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     chosen = "mtp" if _score(acc_mtp) >= _score(acc_joint) else "joint"
     if chosen == "joint":
         model.mtp.load_state_dict(joint_head)
-    export_model(model, cfg.size, out_dir, ids=ids)
-    final = acceptance.measure(model, prompts[:cfg.final_eval_prompts], eos=eos,
-                               depth=cfg.depth, max_new=cfg.final_eval_max_new)
-    final["quality"] = answer_quality(tok, final.pop("outputs"), data.heldout)
-    report({"event": "eval", "after": "final", "head": chosen, **final})
-    tools_eval = tool_chats.evaluate(model, tok, tools.heldout, eos=eos, depth=cfg.depth)
-    report({"event": "eval", "after": "tools", **tools_eval})
+    export_model(model, cfg.size, out_dir, ids=ids)  # phase 2's result: what refine_demo reads
+    refined, acc_refine = refine(model, cfg, (base, tool), eval_set, eos, prog, report)
+    if cfg.refine_steps:
+        export_model(model, cfg.size, out_dir, ids=ids)
     summary = {
         "config": {**asdict(cfg), "size": cfg.size.as_dict()},
-        "default_steps": TrainConfig.joint_steps + TrainConfig.mtp_steps,
+        "default_steps": total_steps(TrainConfig()),
         "parameters": params, "vocab_size": vocab, "token_ids": ids,
         "stream_tokens": len(base[0]), "tool_tokens": len(tool[0]),
         "tool_chats": len(tools.chats), "items": data.n_items,
         "heldout_prompts": len(data.heldout),
         "joint_final": joint, "mtp_final": distill,
         "acceptance_after_joint": acc_joint, "acceptance_after_mtp": acc_mtp,
-        "chosen_head": chosen, "acceptance_final": final, "tools_final": tools_eval,
+        "chosen_head": chosen, "refine_final": refined, "acceptance_after_refine": acc_refine,
+        **final_evals(model, cfg, tok, prompts, data.heldout, tools.heldout, eos, report),
         "train_seconds": round(time.monotonic() - t0, 1),
         "torch_version": torch.__version__,
         "python": platform.python_version(),
     }
-    (out_dir / "training.json").write_text(json.dumps(summary, indent=1) + "\n",
-                                           encoding="utf-8")
-    readme.write_readme(out_dir, summary, out=str(out_dir))
-    report({"event": "done", "seconds": summary["train_seconds"], "out": str(out_dir)})
+    write_summary(out_dir, summary, report)
     return summary

@@ -107,9 +107,11 @@ def test_tiny_run_reports_progress_and_learns(tiny_run):
     joint = [e for e in steps if e["phase"] == "joint"]
     assert {"loss", "mtp_loss", "tokens_per_s", "eta_s", "elapsed_s"} <= set(joint[0])
     assert joint[-1]["loss"] < joint[0]["loss"]
+    assert [e["phase"] for e in steps if e["phase"] != "joint"][-1] == "refine"
     assert any(e["phase"] == "mtp" for e in steps)
     evals = [e for e in events if e["event"] == "eval"]
-    assert [e["after"] for e in evals] == ["joint", "mtp", "final", "tools"]
+    assert [e["after"] for e in evals] == ["joint", "mtp", "refine", "final", "tools"]
+    assert summary["acceptance_after_refine"]["prompts"] == 3
     assert len(evals[-2]["acceptance"]) == 3
     assert summary["chosen_head"] in ("joint", "mtp")
     # the tool chats were trained on and measured on names in none of them
@@ -363,3 +365,52 @@ def test_mtp_probe_continues_the_head_only_and_measures_both_prompt_sets(tiny_ru
     _, new = read_export(tmp_path / "probed")
     changed = {k for k in old if not torch.equal(old[k], new[k])}
     assert changed and all(k.startswith("mtp.") for k in changed)
+
+
+def test_refine_alone_on_a_folder_equals_the_full_run(tmp_path):
+    """Phase 3 run alone on a phase-2 folder (``train-demo --refine``) writes the same bytes as
+    one run of all three phases, and its README gives both ways to reproduce it."""
+    import subprocess
+    import sys
+
+    from engine.training import refine
+
+    cfg = trainer.config_for(tiny=True, steps=None, seed=2)
+    assert cfg.refine_steps == 3
+    full = trainer.train_demo(tmp_path / "full", cfg, lambda ev: None)
+    trainer.train_demo(tmp_path / "p2", replace(cfg, refine_steps=0), lambda ev: None)
+    events: list[dict] = []
+    apart = refine.refine_demo(tmp_path / "p2", tmp_path / "p3", steps=3,
+                               tool_share=cfg.refine_tool_share, report=events.append)
+    assert [e["phase"] for e in events if e["event"] == "step"][-1] == "refine"
+    one = (tmp_path / "full" / "model.safetensors").read_bytes()
+    assert one == (tmp_path / "p3" / "model.safetensors").read_bytes()
+    assert one != (tmp_path / "p2" / "model.safetensors").read_bytes()
+    _, p2 = read_export(tmp_path / "p2")
+    _, p3 = read_export(tmp_path / "p3")
+    changed = {k for k in p2 if not torch.equal(p2[k], p3[k])}
+    assert changed and all(k.startswith("mtp.") for k in changed)
+    for key in ("acceptance_after_refine", "acceptance_final", "tools_final", "refine_final"):
+        assert apart[key] == full[key], key
+    assert refine.config_of(apart) == cfg
+    text = (tmp_path / "p3" / "README.md").read_text()
+    assert "Refine phase, 3 steps" in text and "--refine PHASE2" in text
+    assert "after refine phase" in (tmp_path / "full" / "README.md").read_text()
+    root = Path(__file__).resolve().parents[2]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "engine", "train-demo", *args], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+
+    for args, why in ((("--refine", str(tmp_path / "p3"), "--out", str(tmp_path / "x")),
+                       "already had its refine phase (3 steps)"),
+                      (("--refine", str(tmp_path / "p2"), "--out", str(tmp_path / "p2")),
+                       "must be another folder"),
+                      (("--refine", str(tmp_path), "--out", str(tmp_path / "x")),
+                       "has no training.json"),
+                      (("--refine", str(tmp_path / "p2"), "--tiny", "--out",
+                        str(tmp_path / "x")), "--tiny cannot change a trained folder")):
+        got = cli(*args)
+        assert got.returncode == 2 and why in got.stderr, (args, got.stderr)
+        assert len(got.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
