@@ -50,9 +50,11 @@ def _training_commands(summary: dict, out: str) -> str:
 {one}
 ```
 
-These weights were made in two runs of the same code, which that one command chains: phases 1
-and 2 ({apart['phases_1_2_seconds'] / 60:.0f} minutes), then phase 3 alone on their folder
-({apart['seconds'] / 60:.0f} minutes, on another machine of the same kind):
+These weights were made in two runs of the code that one command chains: phases 1 and 2
+({apart['phases_1_2_seconds'] / 60:.0f} minutes), then phase 3 alone on their folder, on
+another machine ({apart['seconds'] / 60:.0f} minutes). Phase 3 alone writes the same bytes as
+the one command on the machine that ran phases 1 and 2 (a test checks it); since training is
+deterministic per machine, the one command run elsewhere gives close but not equal weights.
 
 ```
 {first}
