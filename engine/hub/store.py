@@ -26,6 +26,7 @@ result) live in small JSON files in the data dir, keyed by the model's resolved 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -58,7 +59,8 @@ dir_size = folder_size  # the name app/ uses
 
 __all__ = ["InstalledModel", "Store", "data_dir", "default_root", "dir_size", "last_used",
            "mark_used", "model_name", "read_tuned", "read_tuned_depth", "resolve_model",
-           "read_warm_hint", "set_store_root", "store_root", "write_json_atomic", "write_tuned",
+           "read_warm_hint", "set_store_root", "store_root", "weights_signature",
+           "write_json_atomic", "write_tuned",
            "write_warm_hint", "APP_NAME"]
 
 
@@ -156,8 +158,40 @@ def write_tuned(model_dir: str | Path, result: dict, *, machine: str | None = No
                {"result": result, "written_at": time.time()})
 
 
+def weights_signature(model_dir: str | Path) -> str:
+    """What identifies the weights a folder holds now: its config and each safetensors file's
+    name, size and modification time (hashed). A model updated in place (a new revision, a
+    retrained demo shipped by an app update) gets another signature, so what was measured on
+    the old weights (tuning, warm-up figures) is not taken for the new ones."""
+    folder = Path(model_dir).expanduser().resolve()
+    h = hashlib.sha256()
+    try:
+        h.update((folder / "config.json").read_bytes())
+    except OSError:
+        pass
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
+def _entry(name: str, model_dir: str | Path, key: str) -> dict | None:
+    """The entry ``_put_entry`` kept, if it was measured on the weights the folder holds now."""
+    per_model = _read_json(data_dir() / name).get(_key(model_dir)) or {}
+    entry = per_model.get(key)
+    if not isinstance(entry, dict) or entry.get("weights") != weights_signature(model_dir):
+        return None
+    return entry
+
+
 def _put_entry(name: str, model_dir: str | Path, key: str, entry: dict) -> None:
-    """``entry`` under the model's key, then ``key`` (a machine's), in data_dir()/``name``."""
+    """``entry`` under the model's key, then ``key`` (a machine's), in data_dir()/``name``,
+    stamped with the weights' signature (``_entry`` reads only a matching one)."""
+    entry = {**entry, "weights": weights_signature(model_dir)}
+
     def upd(d: dict) -> dict:
         per_model = d.get(_key(model_dir)) or {}
         per_model[key] = entry
@@ -167,9 +201,8 @@ def _put_entry(name: str, model_dir: str | Path, key: str, entry: dict) -> None:
 
 
 def read_tuned(model_dir: str | Path, *, machine: str | None = None) -> dict | None:
-    per_model = _read_json(data_dir() / "tuning.json").get(_key(model_dir)) or {}
-    entry = per_model.get(machine or machine_key())
-    return entry.get("result") if isinstance(entry, dict) else None
+    entry = _entry("tuning.json", model_dir, machine or machine_key())
+    return entry.get("result") if entry is not None else None
 
 
 def read_tuned_depth(model_dir: str | Path, *, machine: str | None = None) -> int | None:
@@ -190,9 +223,8 @@ def write_warm_hint(model_dir: str | Path, dtype: str, hint: dict, *,
 
 def read_warm_hint(model_dir: str | Path, dtype: str, *,
                    machine: str | None = None) -> dict | None:
-    per_model = _read_json(data_dir() / "warmup.json").get(_key(model_dir)) or {}
-    entry = per_model.get(f"{machine or machine_key()}|{dtype}")
-    hint = entry.get("hint") if isinstance(entry, dict) else None
+    entry = _entry("warmup.json", model_dir, f"{machine or machine_key()}|{dtype}")
+    hint = entry.get("hint") if entry is not None else None
     return hint if isinstance(hint, dict) else None
 
 

@@ -128,6 +128,35 @@ def test_last_used_and_tuning_are_per_model_and_machine(tmp_path, tiny):
     assert st.get("t").tuned_depth == 2
 
 
+def test_tuning_and_warm_figures_follow_the_weights_not_the_folder(tmp_path, tiny):
+    """A model whose weights change in place (a new revision, a retrained demo shipped by an
+    app update) is measured afresh: what was kept for the old weights is not read for the new
+    ones, and an entry from before signatures existed is not trusted either."""
+    import json
+    import os
+    import shutil
+
+    model = tmp_path / "copy"
+    shutil.copytree(tiny, model)
+    store.write_tuned(model, {"best_depth": 4})
+    store.write_warm_hint(model, "float32", {"cost": {"1": {"3": 0.01}}, "acceptance": [0.9]})
+    assert store.read_tuned_depth(model) == 4
+    assert store.read_warm_hint(model, "float32")["acceptance"] == [0.9]
+    weights = next(model.glob("*.safetensors"))
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # rewritten
+    assert store.read_tuned_depth(model) is None
+    assert store.read_warm_hint(model, "float32") is None
+    store.write_tuned(model, {"best_depth": 2})
+    assert store.read_tuned_depth(model) == 2
+    tuning = store.data_dir() / "tuning.json"
+    data = json.loads(tuning.read_text())
+    for entry in data[str(model.resolve())].values():
+        del entry["weights"]  # as an older version wrote it
+    tuning.write_text(json.dumps(data))
+    assert store.read_tuned_depth(model) is None
+
+
 def test_model_name():
     assert store.model_name("Qwen/Qwen3.5-4B") == "Qwen--Qwen3.5-4B"
     assert store.model_name("Qwen/Qwen3.5-4B", revision="v2", suffix="mlx-4bit") == \
