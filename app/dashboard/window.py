@@ -97,6 +97,16 @@ def _card(title: str, body: QWidget | None = None, *, subtitle: str = "") -> tup
     return frame, lay, sub
 
 
+def _muted_label(name: str, into: QVBoxLayout) -> ElidedLabel:
+    """A hidden muted line added to ``into`` (shown once it has something to say)."""
+    label = ElidedLabel("")
+    label.setObjectName("muted")
+    label.setAccessibleName(name)
+    label.hide()
+    into.addWidget(label)
+    return label
+
+
 class _CompactTable(QTableWidget):
     """A table that asks for no more height than its minimum (the card's stretch gives more)."""
 
@@ -256,7 +266,8 @@ class DashboardWindow(QWidget):
         grid.addWidget(card, 2, 4, 1, 2)
         self.histogram = BarChart(fmt="{:.0%}", axis_fmt="{:.0%}")
         self.histogram.empty_text = "No drafts yet"
-        card, _, self.histogram_sub = _card("Accepted drafts per cycle", self.histogram)
+        card, lay, self.histogram_sub = _card("Accepted drafts per cycle", self.histogram)
+        self.by_context = _muted_label("Tokens per cycle by context length", lay)
         grid.addWidget(card, 3, 0, 1, 2)
         self.waterfall = Waterfall()
         card, _, self.waterfall_sub = _card("Verify waterfall", self.waterfall)
@@ -529,6 +540,7 @@ class DashboardWindow(QWidget):
                                   f"{c}") for k, c in enumerate(s.accepted_hist)])
         self.histogram_sub.set_texts(f"{s.spec_cycles} cycles this session" if n else "",
                                      f"{s.spec_cycles} cycles" if n else "")
+        show_by_context(self.by_context, s)
 
     def _show_cycle(self, s: StatsSnapshot) -> None:
         tr = s.time_recent
@@ -578,6 +590,24 @@ class DashboardWindow(QWidget):
     def _show_tuner(self) -> None:
         show_tuning(self.tuner, table=self.tuner_table, chart=self.tuner_chart,
                     sub=self.tuner_sub, message=self.tuner_message)
+
+def show_by_context(label: ElidedLabel, s: StatsSnapshot) -> None:
+    """Tokens a cycle by context band under the histogram, once the session spans two bands
+    or more: whether drafting holds up as a conversation grows (details in the tooltip)."""
+    bands = s.by_context
+    label.setVisible(len(bands) >= 2)
+    if len(bands) < 2:
+        return
+    label.set_texts("Tokens per cycle by context: "
+                    + " · ".join(f"{b.label} {b.tokens_per_cycle:.2f}" for b in bands),
+                    "By context: " + " · ".join(f"{b.label} {b.tokens_per_cycle:.1f}"
+                                                for b in bands),
+                    " · ".join(f"{b.label} {b.tokens_per_cycle:.1f}" for b in bands))
+    label.setToolTip("\n".join(
+        f"context {b.label} tokens: {b.cycles} cycles, {b.tokens_per_cycle:.2f} tokens a "
+        f"cycle, {b.acceptance:.0%} of drafts accepted" for b in bands
+        if b.acceptance is not None))
+
 
 def reply_headline(m: ReplySummary | None) -> str:
     """The header's line about the last reply (figures as in the chat's stats line)."""

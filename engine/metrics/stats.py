@@ -31,6 +31,9 @@ SMOOTHING = 0.1  # EWMA weight of one new observation in the smoothed acceptance
 DEPTH_HISTORY = 2000  # points of depth history kept
 MEMORY_PERIOD_S = 0.5  # memory is sampled at most this often
 SERIES_BUCKET_S = 1.0  # resolution of the tok/s time series
+# Acceptance is kept per context length (the tokens before a cycle), in these bands: a head
+# that drafts well on short chats can fall off in a long agent session (issue 31).
+CONTEXT_EDGES = (2048, 8192, 32768, 131072)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,37 @@ class MemorySample:
 
 
 @dataclass(frozen=True)
+class ContextBand:
+    """The speculative cycles whose context (tokens before the cycle) lay in [lo, hi)."""
+
+    lo: int
+    hi: int | None  # None: no upper bound
+    cycles: int
+    drafted: int   # draft tokens proposed
+    accepted: int  # of those, accepted
+    emitted: int   # tokens the cycles produced (accepted drafts + one each)
+
+    @property
+    def tokens_per_cycle(self) -> float:
+        return self.emitted / self.cycles if self.cycles else 0.0
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def label(self) -> str:
+        def k(n: int) -> str:
+            return f"{n // 1024}k" if n else "0"
+        return f"{k(self.lo)}–{k(self.hi)}" if self.hi is not None else f"≥{k(self.lo)}"
+
+
+def context_band(tokens: int) -> int:
+    """The index into ``CONTEXT_EDGES``' bands of a context of ``tokens``."""
+    return sum(tokens >= e for e in CONTEXT_EDGES)
+
+
+@dataclass(frozen=True)
 class StatsSnapshot:
     """Everything the dashboard shows, computed from the events seen so far."""
 
@@ -134,6 +168,7 @@ class StatsSnapshot:
     depth_history: tuple[DepthPoint, ...]
     memory: MemorySample | None
     batch_rows: int = 1  # streams in the last cycle (engine.decoding): 1 when decoding alone
+    by_context: tuple[ContextBand, ...] = ()  # the bands that saw speculative cycles
 
 
 def read_memory() -> MemorySample:
@@ -214,6 +249,8 @@ class StatsAggregator:
         self._split = TimeSplit()
         self._context = 0
         self._depths: deque[DepthPoint] = deque(maxlen=DEPTH_HISTORY)
+        # per context band: [cycles, drafted, accepted, emitted]
+        self._bands = [[0, 0, 0, 0] for _ in range(len(CONTEXT_EDGES) + 1)]
 
     # -- feeding ---------------------------------------------------------------------------
     def add_prefill(self, stats: PrefillStats) -> None:
@@ -309,6 +346,9 @@ class StatsAggregator:
         for i in range(k):  # position i + 1
             self._smooth[i].add(1.0 if i < a else 0.0)
         self._hist[a] += 1
+        band = self._bands[context_band(stats.context_tokens)]
+        for i, n in enumerate((1, k, a, len(stats.emitted))):
+            band[i] += n
         self._spec_cycles += 1
         self._accepted_sum += a
 
@@ -348,6 +388,11 @@ class StatsAggregator:
                           p.conditional or 0.0, self._smooth[p.position - 1].value)
             for p in self._positions.counts())
 
+    def _by_context(self) -> tuple[ContextBand, ...]:
+        edges = (0, *CONTEXT_EDGES, None)
+        return tuple(ContextBand(edges[i], edges[i + 1], *counts)
+                     for i, counts in enumerate(self._bands) if counts[0])
+
     def snapshot(self) -> StatsSnapshot:
         now = self._clock()
         self._prune(now)
@@ -379,4 +424,5 @@ class StatsAggregator:
             depth_history=tuple(self._depths),
             memory=self._memory,
             batch_rows=last.batch_rows if last else 1,
+            by_context=self._by_context(),
         )

@@ -162,6 +162,23 @@ def test_saved_tuning_is_shown_for_the_model(qtbot, tmp_path, monkeypatch):
     assert w.tuner_sub.text() == "not run on this machine yet"
 
 
+def test_tokens_per_cycle_by_context_shown_once_a_session_spans_two_bands(window):
+    from dataclasses import replace as dc_replace
+
+    for i in range(8):
+        window.aggregator.add_cycle(make_cycle(i, 3, 3))
+    window.refresh()
+    assert window.by_context.isHidden()  # one band: nothing to compare
+    for i in range(8, 12):
+        window.aggregator.add_cycle(dc_replace(make_cycle(i, 3, 1), context_tokens=9000))
+    window.refresh()
+    assert not window.by_context.isHidden()
+    text = window.by_context.text()
+    assert text == "Tokens per cycle by context: 0–2k 4.00 · 8k–32k 2.00", text
+    assert "context 8k–32k tokens: 4 cycles, 2.00 tokens a cycle, 33% of drafts accepted" in \
+        window.by_context.toolTip()
+
+
 def test_demo_feed_drives_the_window(qtbot):
     from app.dashboard.demo import DemoFeed, demo_tune_result
     from app.dashboard.window import DashboardWindow

@@ -190,3 +190,25 @@ def test_real_memory_probe_reads_rss():
 
     m = read_memory()
     assert m.rss_bytes is not None and m.rss_bytes > 0
+
+
+def test_acceptance_by_context_band():
+    """Speculative cycles are tallied by the context they ran at, so a head that falls off as
+    a conversation grows shows it (plain cycles are not drafting and are left out)."""
+    from engine.metrics.stats import CONTEXT_EDGES, context_band
+
+    assert [context_band(n) for n in (0, 2047, 2048, 8191, 8192, 40_000, 10**6)] == \
+        [0, 0, 1, 1, 2, 3, 4]
+    agg = agg_with(FakeClock())
+    for i, (d, a, ctx) in enumerate([(3, 3, 100), (3, 2, 1500), (3, 0, 3000), (3, 1, 9000),
+                                     (0, 0, 9100), (2, 2, 200_000)]):
+        agg.add_cycle(cycle(i, d, a, ctx=ctx))
+    bands = agg.snapshot().by_context
+    assert [(b.lo, b.hi) for b in bands] == [(0, 2048), (2048, 8192), (8192, 32768),
+                                              (131072, None)]
+    assert [b.label for b in bands] == ["0–2k", "2k–8k", "8k–32k", "≥128k"]
+    assert [(b.cycles, b.drafted, b.accepted, b.emitted) for b in bands] == \
+        [(2, 6, 5, 7), (1, 3, 0, 1), (1, 3, 1, 2), (1, 2, 2, 3)]
+    assert bands[0].tokens_per_cycle == pytest.approx(3.5)
+    assert bands[0].acceptance == pytest.approx(5 / 6)
+    assert len(CONTEXT_EDGES) == 4
