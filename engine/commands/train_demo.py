@@ -27,7 +27,7 @@ def steps_count(text: str) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder (raw HF layout)")
     p.add_argument("--steps", type=int, default=None,
-                   help="total optimizer steps (joint + MTP phases, ratio kept); "
+                   help="total optimizer steps (joint, MTP and refine phases, ratios kept); "
                         "default: the shipped configuration")
     p.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
     p.add_argument("--tiny", action="store_true", help="a minute-scale configuration for tests")
