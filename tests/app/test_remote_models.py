@@ -91,6 +91,7 @@ def test_mtp_server_reply_streams_into_the_chat_and_feeds_the_dashboard(qtbot, w
     assert stats["cycles"] == ref.model_extra["mtp"]["cycles"] > 0
 
     dash = win.aux.show_dashboard()
+    qtbot.waitUntil(lambda: dash.record.last_summary is not None, timeout=5000)  # queued
     summary = dash.record.last_summary
     mtp = ref.model_extra["mtp"]
     assert summary.drafted == mtp["drafted"] and summary.accepted == mtp["accepted"]
@@ -166,6 +167,9 @@ def test_plain_openai_server_gives_tok_s_only(qtbot, win):
         assert msg.meta["status"] == "done"
         assert msg.content == "".join(f"word{i} " for i in range(12))
         dash = win.aux.show_dashboard()
+        # the source's finished signal reaches the chat and the dashboard as two queued calls
+        # (it is emitted on the source's thread): the chat can see it first
+        qtbot.waitUntil(lambda: dash.record.last_summary is not None, timeout=5000)
         s = dash.record.last_summary
         assert s.tokens == 12 and s.cycles == 0 and s.tokens_per_s > 0
         dash.refresh()
