@@ -57,6 +57,7 @@ from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
 
+CHART_MIN_HEIGHT = 120  # the charts' own minimum (charts._Chart)
 DEFAULT_SIZE = (1240, 770)  # fits a 1280×800 screen and shows every card without scrolling
 MIN_WIDTH = 900
 TUNER_IDLE_TEXT = "Run the tuner to compare depths"
@@ -540,7 +541,7 @@ class DashboardWindow(QWidget):
                                   f"{c}") for k, c in enumerate(s.accepted_hist)])
         self.histogram_sub.set_texts(f"{s.spec_cycles} cycles this session" if n else "",
                                      f"{s.spec_cycles} cycles" if n else "")
-        show_by_context(self.by_context, s)
+        show_by_context(self.by_context, self.histogram, s)
 
     def _show_cycle(self, s: StatsSnapshot) -> None:
         tr = s.time_recent
@@ -591,12 +592,16 @@ class DashboardWindow(QWidget):
         show_tuning(self.tuner, table=self.tuner_table, chart=self.tuner_chart,
                     sub=self.tuner_sub, message=self.tuner_message)
 
-def show_by_context(label: ElidedLabel, s: StatsSnapshot) -> None:
-    """Tokens a cycle by context band under the histogram, once the session spans two bands
-    or more: whether drafting holds up as a conversation grows (details in the tooltip)."""
+def show_by_context(label: ElidedLabel, chart: QWidget, s: StatsSnapshot) -> None:
+    """Tokens a cycle by context band under the histogram ``chart``, once the session spans two
+    bands or more: whether drafting holds up as a conversation grows (details in the tooltip).
+    The chart gives up the line's height, so the card asks for no more room than before."""
     bands = s.by_context
-    label.setVisible(len(bands) >= 2)
-    if len(bands) < 2:
+    shown = len(bands) >= 2
+    if shown == label.isHidden():
+        label.setVisible(shown)
+        chart.setMinimumHeight(CHART_MIN_HEIGHT - (label.sizeHint().height() + 4 if shown else 0))
+    if not shown:
         return
     label.set_texts("Tokens per cycle by context: "
                     + " · ".join(f"{b.label} {b.tokens_per_cycle:.2f}" for b in bands),
