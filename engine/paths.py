@@ -8,6 +8,9 @@
   (disposable data: the prompt cache on disk lives under ``cache_dir()/prompt-cache``).
 - ``folder_size(path)``: bytes of the regular files under a folder (symlinked files counted by
   their target; symlinked folders not followed).
+- ``weights_identity(folder)``: the bytes that identify the weights a model folder holds now
+  (its config, and each safetensors file's name, size and mtime): the disk prompt cache and
+  the store's tuning and warm-up figures hash them.
 - ``inside(folder, rel)``: a file named by a model's own metadata, refused when it leaves the
   folder (``..``, an absolute path, or a symlink resolving elsewhere) — except that a snapshot
   of the Hugging Face cache (``models--org--name/snapshots/<sha>/``) may link into its own
@@ -32,7 +35,7 @@ APP_NAME = "MTPChat"
 SETTINGS_FILE = "model_store.json"
 
 __all__ = ["APP_NAME", "app_dir", "cache_dir", "data_dir", "default_model_path", "default_store_root", "folder_size",
-           "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
+           "weights_identity", "hf_cache_blobs", "inside", "resources_dir", "settings_path", "store_root"]
 
 
 def app_dir(kind: str, *, create: bool = True) -> Path:
@@ -93,6 +96,23 @@ def folder_size(path: str | Path) -> int:
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
+
+
+def weights_identity(folder: str | Path) -> bytes:
+    """See the module docstring (a file that vanishes meanwhile is left out)."""
+    folder = Path(folder).expanduser().resolve()
+    out = []
+    try:
+        out.append((folder / "config.json").read_bytes())
+    except OSError:
+        pass
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return b"".join(out)
 
 
 def inside(folder: Path, rel: object, *, what: str) -> Path:

@@ -52,6 +52,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.decoding.session import Snapshot
+from engine.paths import weights_identity
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +149,7 @@ def model_key(path: str, dtype: str, kinds: list) -> str:
     """A hash of the model's identity: folder, config, weights files (name, size, mtime)."""
     folder = Path(path).resolve()
     h = hashlib.sha256(json.dumps([str(folder), dtype, kinds]).encode())
-    try:
-        h.update((folder / "config.json").read_bytes())
-    except OSError:
-        pass
-    for f in sorted(folder.glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(weights_identity(folder))
     return h.hexdigest()[:32]
 
 

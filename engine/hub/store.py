@@ -42,7 +42,7 @@ from engine.errors import ModelLoadError, StoreError, UnsupportedModelError
 from engine.models.checkpoint import read_checkpoint
 from engine.paths import (
     APP_NAME, data_dir, default_model_path, default_store_root as default_root, folder_size,
-    settings_path, store_root,
+    settings_path, store_root, weights_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -163,19 +163,7 @@ def weights_signature(model_dir: str | Path) -> str:
     name, size and modification time (hashed). A model updated in place (a new revision, a
     retrained demo shipped by an app update) gets another signature, so what was measured on
     the old weights (tuning, warm-up figures) is not taken for the new ones."""
-    folder = Path(model_dir).expanduser().resolve()
-    h = hashlib.sha256()
-    try:
-        h.update((folder / "config.json").read_bytes())
-    except OSError:
-        pass
-    for f in sorted(folder.glob("*.safetensors")):
-        try:
-            st = f.stat()
-        except OSError:
-            continue
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
+    return hashlib.sha256(weights_identity(model_dir)).hexdigest()[:24]
 
 
 def _entry(name: str, model_dir: str | Path, key: str) -> dict | None:

@@ -403,10 +403,8 @@ def train_demo(out_dir: Path, cfg: TrainConfig, report: Report) -> dict:
     chosen = "mtp" if _score(acc_mtp) >= _score(acc_joint) else "joint"
     if chosen == "joint":
         model.mtp.load_state_dict(joint_head)
-    export_model(model, cfg.size, out_dir, ids=ids)  # phase 2's result: what refine_demo reads
     refined, acc_refine = refine(model, cfg, (base, tool), eval_set, eos, prog, report)
-    if cfg.refine_steps:
-        export_model(model, cfg.size, out_dir, ids=ids)
+    export_model(model, cfg.size, out_dir, ids=ids)
     summary = {
         "config": {**asdict(cfg), "size": cfg.size.as_dict()},
         "default_steps": total_steps(TrainConfig()),
