@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mtpchat: {advice(missing, 'Qt')}", file=sys.stderr)
         return 4
     install_qt_message_handler()
-    from engine.decoding.window import draft_window
+    from engine.decoding.window import check_draft_settings
 
     try:
-        draft_window()  # a bad setting ends here in one line, not in the engine's thread
+        check_draft_settings()  # a bad setting ends here in one line, not in the engine's thread
     except ValueError as exc:
         print(f"mtpchat: {exc}", file=sys.stderr)
         return 2

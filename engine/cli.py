@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                         handlers=[handler])
     as_json = getattr(args, "json", False)
     try:
-        from engine.decoding.window import draft_window
+        from engine.decoding.window import check_draft_settings
 
-        draft_window()  # a bad setting ends here in one line, not in a decoding thread
+        check_draft_settings()  # a bad setting ends here in one line, not in a decoding thread
         return int(args._run(args) or 0)
     except (EngineError, ValueError, OSError) as exc:
         log.debug("%s failed", args.verb, exc_info=True)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from engine.decoding import draft_vocab
+from engine.decoding.draft_vocab import DraftVocab
 from engine.decoding.rowcache import RowKVCache
 from engine.decoding.window import DRAFT_WINDOW, WINDOW_ENV, draft_window  # noqa: F401
 from engine.decoding.session import Session
@@ -69,6 +71,8 @@ class Batch:
         window = draft_window()
         self.mtp_cache = [RowKVCache(window=window) for _ in model.mtp.make_cache()] \
             if self.use_mtp else None
+        # the rows a draft step scores when it may score part of the vocabulary
+        self.draft_vocab = draft_vocab.for_model(model) if self.use_mtp else None
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
         self.tracked: list[bool] = []  # rows whose MTP cache is kept in step (see ``join``)
@@ -192,8 +196,11 @@ class Batch:
         self._spec_mtp += 1
         return self.model.mtp(out, embed(tokens.reshape(-1, 1)), self.mtp_cache)
 
-    def logits(self, hidden: mx.array) -> mx.array:
-        return self.model.draft_logits(hidden)
+    def logits(self, hidden: mx.array, sub: DraftVocab | None = None) -> mx.array:
+        """The head's logits for ``hidden``: [..., V], or [..., N] on ``sub``'s rows."""
+        if sub is None:
+            return self.model.draft_logits(hidden)
+        return sub.logits(self.model.draft_hidden(hidden))
 
     def undo_draft(self) -> None:
         """Forget this cycle's head steps (the cycle will not be verified)."""

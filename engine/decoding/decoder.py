@@ -36,7 +36,7 @@ from engine.decoding.checks import check_prompt, check_request
 from engine.decoding.drafters import Drafter
 from engine.decoding.plan import Cycle, RowResult
 from engine.decoding.reply import Reply
-from engine.decoding.stream import Row, Stream, new_id
+from engine.decoding.stream import RECENT, Row, Stream, new_id
 from engine.errors import GenerationError
 from engine.sampling.grammar import Constraint
 from engine.types import Depth, DraftMode, Event, SamplingParams
@@ -121,7 +121,8 @@ class BatchDecoder:
                       penalties=params.presence_penalty != 0 or params.frequency_penalty != 0,
                       cancel=cancel)
         row = Row(reply=reply, params=params, keys=draw.keys(seed), drafter=drafter,
-                  constraint=constraint, draft_mode=draft_mode)
+                  constraint=constraint, draft_mode=draft_mode,
+                  prompt_tail=tuple(prompt[-RECENT:]))
         st = Stream(id=id or new_id(), prompt=prompt, row=row, depth=depth, images=images)
         if depth == "auto" and drafter is None and not self.busy:  # a new prompt, alone
             self.carryover.controller(model, 1).new_request()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine.decoding.batch_caches import Batch
+from engine.decoding.draft_vocab import DraftVocab
 from engine.decoding.drafters import DraftRequest, Proposal, draft_counts, pick_draft, stack_q
 from engine.decoding.plan import Cycle, Group
 from engine.decoding.stream import Row
@@ -58,15 +59,17 @@ def _propose_mtp(batch: Batch, rows: list[Row], x0s: list[int], c: Cycle,
     greedy = all(r.greedy_fast for r in rows)
     drafts = _Drafts(keys=keys, tokens=[[] for _ in rows], qs=[[] for _ in rows],
                      host=[[] for _ in rows])
+    sub = _draft_vocab(batch, rows, ks)
     out = batch.mtp_first(x0s)
     columns = []
     for j in range(max(ks)):
-        logits = batch.logits(out[:, -1])  # [B, V]
+        logits = batch.logits(out[:, -1], sub)  # [B, V] ([B, N] on a draft vocabulary)
         if greedy:  # argmax for every row at once (what a greedy row drafts alone)
             col = mx.argmax(logits, axis=-1).astype(mx.int32)
+            col = col if sub is None else sub.to_vocab(col)
         else:
             c.groups = _groups(rows, ks, keys, logits) if j == 0 else c.groups
-            col = _column(rows, ks, j, logits, drafts, c)
+            col = _column(rows, ks, j, logits, drafts, c, sub)
         columns.append(col)
         if j + 1 < max(ks):
             out = batch.mtp_next(out, col)
@@ -75,6 +78,19 @@ def _propose_mtp(batch: Batch, rows: list[Row], x0s: list[int], c: Cycle,
     return [Proposal(tokens=c.grid[b, :k] if greedy else mx.stack(drafts.tokens[b]),
                      q=stack_q(drafts.qs[b])) if k and b not in grouped else None
             for b, k in enumerate(ks)]
+
+
+def _draft_vocab(batch: Batch, rows: list[Row], ks: list[int]) -> DraftVocab | None:
+    """The batch's draft vocabulary (``engine.decoding.draft_vocab``) for this cycle, or None
+    (the whole vocabulary) when a drafting row has a grammar or its recent tokens lie outside
+    the set too often."""
+    sub = batch.draft_vocab
+    if sub is None:
+        return None
+    for r, k in zip(rows, ks):
+        if k and (r.constraint is not None or not sub.fits(r.recent())):
+            return None
+    return sub
 
 
 def _compact(r: Row, logits: mx.array) -> bool:
@@ -95,21 +111,24 @@ def _groups(rows: list[Row], ks: list[int], keys: list, logits: mx.array) -> lis
 
 
 def _column(rows: list[Row], ks: list[int], j: int, logits: mx.array, drafts: _Drafts,
-            c: Cycle) -> mx.array:
+            c: Cycle, sub: DraftVocab | None = None) -> mx.array:
     """Draft step j of every row [B] (0 past a row's depth): each of ``c.groups`` in one
-    call, every other row on its own."""
+    call, every other row on its own. ``sub``: ``logits`` score its rows only; the drafts and
+    their q are put back on vocabulary ids."""
     grouped = c.grouped
     idx, vals = [], []
     for b, (r, k) in enumerate(zip(rows, ks)):
         if j < k and b not in grouped:
             idx.append(mx.array([b], dtype=mx.int32))
-            vals.append(_pick(r, logits[b:b + 1], drafts, b, j)[None])
+            vals.append(_pick(r, logits[b:b + 1], drafts, b, j, sub)[None])
     for g in c.groups:
         if j >= g.k:
             continue
         whole = len(g.rows) == len(rows)
         tok, ids, probs, exact = candidates.compiled_draft_rows(g.params)(
             logits if whole else mx.take(logits, g.index, axis=0), g.draft_keys[:, j])
+        if sub is not None:
+            tok, ids = sub.to_vocab(tok), sub.to_vocab(ids)
         g.ids.append(ids)
         g.probs.append(probs)
         g.exact.append(exact)
@@ -121,13 +140,22 @@ def _column(rows: list[Row], ks: list[int], j: int, logits: mx.array, drafts: _D
     return col.at[mx.concatenate(idx)].add(mx.concatenate(vals)) if idx else col
 
 
-def _pick(r: Row, logits: mx.array, drafts: _Drafts, b: int, j: int) -> mx.array:
-    """Row b's draft j from the head's logits [1, V]: under its grammar's mask after its
-    drafts so far (read back to the host for that)."""
+def _pick(r: Row, logits: mx.array, drafts: _Drafts, b: int, j: int,
+          sub: DraftVocab | None = None) -> mx.array:
+    """Row b's draft j from the head's logits [1, V] (``sub``: [1, N] on its rows; the draft
+    and its q come back on vocabulary ids): under its grammar's mask after its drafts so far
+    (read back to the host for that; a grammar never drafts on ``sub``)."""
     if r.constraint is not None:
         logits = grammar.masked(logits, r.constraint.allowed(drafts.host[b]))
-    d, q = pick_draft(logits, r.params, draft_counts(r.reply.counts, drafts.tokens[b]),
+    counts = draft_counts(r.reply.counts, drafts.tokens[b])
+    d, q = pick_draft(logits, r.params, counts if sub is None else sub.counts(counts),
                       None if drafts.keys[b] is None else drafts.keys[b][j], r.draft_mode)
+    if sub is not None:
+        d = sub.to_vocab(d)
+        if isinstance(q, candidates.Candidates):
+            q = candidates.Candidates(sub.to_vocab(q.ids), q.probs, q.exact)
+        elif q is not None:
+            q = sub.dense(q)
     drafts.tokens[b].append(d)
     if q is not None:
         drafts.qs[b].append(q)

@@ -15,6 +15,8 @@ from engine.decoding.session import Session, Snapshot
 from engine.sampling.grammar import Constraint
 from engine.types import Depth, DraftMode, SamplingParams
 
+RECENT = 64  # tokens of a row's context that decide whether it drafts on a draft vocabulary
+
 _ids = itertools.count(1)
 
 
@@ -32,6 +34,15 @@ class Row:
     drafter: Drafter | None = None  # None: the batch drafts with the MTP head
     constraint: Constraint | None = None  # structured output (``engine.sampling.grammar``)
     draft_mode: DraftMode = "filtered"
+    prompt_tail: tuple[int, ...] = ()     # the prompt's last ``RECENT`` tokens
+
+    def recent(self) -> list[int]:
+        """The last ``RECENT`` tokens of the prompt and the reply so far."""
+        gen = self.reply.generated
+        if len(gen) >= RECENT:
+            return gen[-RECENT:]
+        tail = self.prompt_tail
+        return list(tail[max(0, len(tail) - (RECENT - len(gen))):]) + gen
 
     @property
     def greedy_fast(self) -> bool:

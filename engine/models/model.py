@@ -65,6 +65,14 @@ class Model:
         """Logits of the MTP head's output ``out``."""
         return self.family.draft_logits(self.text_model, self.mtp, out)
 
+    def draft_hidden(self, out):
+        """What the LM head reads for the MTP head's output ``out``."""
+        return self.family.draft_hidden(self.text_model, self.mtp, out)
+
+    def head_rows(self):
+        """The module whose rows are the LM head's, or None (``Family.head_rows``)."""
+        return self.family.head_rows(self.text_model)
+
     def chat_ids(self, messages: list[dict], *, enable_thinking: bool | None = None,
                  add_generation_prompt: bool = True) -> list[int]:
         """Apply the model's chat template (sandboxed, with a time and size budget)."""

@@ -64,6 +64,21 @@ class Family(ABC):
         return text_model.model.embed_tokens(tokens)
 
     # -- the MTP head -----------------------------------------------------------------------
+    def draft_hidden(self, text_model, mtp, out):
+        """What the LM head reads for the head's output ``out`` (what it returns and recurses
+        on)."""
+        return out
+
     def draft_logits(self, text_model, mtp, out):
-        """Logits of the head's output ``out`` (what it returns and recurses on)."""
-        return self.lm_head(text_model, out)
+        """Logits of the head's output ``out``."""
+        return self.lm_head(text_model, self.draft_hidden(text_model, mtp, out))
+
+    def head_rows(self, text_model):
+        """The module whose rows are the LM head's rows (an Embedding or a Linear, plain or
+        quantized: ``engine.decoding.draft_vocab`` takes some of them), or None where the head
+        is split across ranks."""
+        if getattr(text_model, "sharding_group", None) is not None:
+            return None
+        if getattr(text_model.args, "tie_word_embeddings", False):
+            return text_model.model.embed_tokens
+        return getattr(text_model, "lm_head", None)

@@ -186,8 +186,8 @@ class NextNFamily(Family):
     def lm_head(self, text_model, h):
         return text_model.lm_head(h)
 
-    def draft_logits(self, text_model, mtp, out):
-        return text_model.lm_head(mtp.shared_head.norm(out))
+    def draft_hidden(self, text_model, mtp, out):
+        return mtp.shared_head.norm(out)
 
 
 

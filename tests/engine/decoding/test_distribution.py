@@ -121,3 +121,32 @@ def test_every_draft_mode_follows_plain_distribution(small_vocab_model, mode):
     p = chi_square_p(counts, expected)
     assert p > 0.001, (mode, p)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("params", SETTINGS,
+                         ids=["t1", "t0.7-k4", "t1.3-p0.8-pen", "t1.3-minp0.1"])
+def test_a_draft_vocabulary_keeps_the_plain_distribution(small_vocab_model, params,
+                                                         monkeypatch):
+    """Drafts scored on 3 of the 6 tokens (``engine.decoding.draft_vocab``: ids 0, 3 and 5,
+    so positions and ids differ): tokens 1, 2 and 4 are never drafted, only produced by the
+    verify, and the output still fits plain sampling."""
+    pytest.importorskip("scipy")
+    from engine.decoding import draft_vocab
+    from engine.decoding.window import DRAFT_VOCAB_ENV
+
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, "3")
+    monkeypatch.setattr(draft_vocab, "special_ids", lambda model: {3, 5})
+    monkeypatch.setattr(draft_vocab, "MAX_MISSES", 1.0)  # draft on the set whatever the tokens
+    model, depth = small_vocab_model, 2
+    expected = exact_pair_distribution(model, params).ravel()
+    counts = np.zeros(V * V)
+    carryover_of(model).reset_prompt_cache()
+    for i in range(N):
+        toks = []
+        for ev in model.generate(PROMPT, max_tokens=depth + 2, depth=depth, sampling=params,
+                                 seed=15485863 + i):
+            toks.extend(ev.token_ids)
+        counts[toks[1] * V + toks[2]] += 1
+    assert np.array(draft_vocab.for_model(model).ids).tolist() == [0, 3, 5]
+    p = chi_square_p(counts, expected)
+    assert p > 0.001, p

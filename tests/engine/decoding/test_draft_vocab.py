@@ -1,0 +1,213 @@
+"""Drafting over part of the vocabulary (``engine.decoding.draft_vocab``): the setting, the rows
+it takes from the LM head (plain, untied, quantized), and that output stays exact — greedy
+depths equal depth 0, and batched seeded streams equal each alone (its distribution:
+``test_distribution.test_a_draft_vocabulary_keeps_the_plain_distribution``)."""
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import engine
+from engine import SamplingParams
+from engine.core.carryover import carryover_of
+from engine.decoding import draft_vocab
+from engine.decoding.decoder import BatchDecoder
+from engine.decoding.window import (DRAFT_VOCAB, DRAFT_VOCAB_ENV, check_draft_settings,
+                                    draft_vocab_setting)
+from tests.engine.decoding.test_batching import alone, batched
+from tests.engine.decoding.test_decode import prompts
+from tests.tinymodels import build_tiny_model
+
+SIZE = 48  # of the tiny models' 384 rows
+
+
+def test_the_setting_reads_a_count_or_refuses_in_one_line(monkeypatch):
+    monkeypatch.delenv(DRAFT_VOCAB_ENV, raising=False)
+    assert draft_vocab_setting() is None
+    for raw, want in (("0", 0), (" 4096 ", 4096)):
+        monkeypatch.setenv(DRAFT_VOCAB_ENV, raw)
+        assert draft_vocab_setting() == want
+    for raw in ("many", "-1", "1.5"):
+        monkeypatch.setenv(DRAFT_VOCAB_ENV, raw)
+        with pytest.raises(ValueError) as err:
+            check_draft_settings()
+        assert DRAFT_VOCAB_ENV in str(err.value) and "\n" not in str(err.value)
+
+
+def test_automatic_size_drafts_over_part_only_of_a_large_vocabulary():
+    assert draft_vocab.wanted_size(4096, None) is None          # the demo: all of it
+    assert draft_vocab.wanted_size(248_320, None) == DRAFT_VOCAB  # Qwen3.5
+    assert draft_vocab.wanted_size(248_320, 0) is None
+    assert draft_vocab.wanted_size(384, SIZE) == SIZE
+    assert draft_vocab.wanted_size(384, 384) is None
+    assert draft_vocab.wanted_size(384, 1000) is None
+
+
+def test_special_tokens_first_then_the_lowest_ids():
+    assert draft_vocab.choose_ids(10, 4, [9, 2, 42]) == [0, 1, 2, 9]
+    assert draft_vocab.choose_ids(10, 1, [9, 8]) == [8]  # smaller than the special tokens
+
+
+def _whole_logits(model, h):
+    return model.draft_logits(h)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_rows_are_the_heads_and_score_as_it_does(tmp_path, monkeypatch, tied):
+    model = engine.load(build_tiny_model(tmp_path / "m", tied=tied, seed=5))
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(SIZE))
+    sub = draft_vocab.for_model(model)
+    assert sub is not None and sub.size == SIZE and sub.vocab == 384
+    ids = np.array(sub.ids).tolist()
+    assert ids == sorted(ids) and len(set(ids)) == SIZE
+    assert set(model.info.eos_token_ids) <= set(ids)
+    assert set(model.tokenizer.get_added_vocab().values()) <= set(ids)
+    head = model.head_rows()
+    assert np.array_equal(np.array(sub.weight), np.array(head["weight"])[ids])
+    h = mx.random.normal((3, 1, model.info.hidden_size), key=mx.random.key(1))
+    want = np.array(_whole_logits(model, h))[..., ids]
+    np.testing.assert_allclose(np.array(sub.logits(model.draft_hidden(h))), want,
+                               rtol=1e-5, atol=1e-5)
+    assert draft_vocab.for_model(model) is sub  # built once per model and size
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, "0")
+    assert draft_vocab.for_model(model) is None
+
+
+def test_a_quantized_head_is_cut_by_rows():
+    emb = nn.Embedding(256, 64)
+    q = nn.QuantizedEmbedding.from_embedding(emb, group_size=32, bits=8)
+    ids = mx.array([0, 3, 7, 100, 255], dtype=mx.int32)
+    fields = draft_vocab.head_subset(q, ids)
+    sub = draft_vocab.DraftVocab(ids=ids, vocab=256, **fields)
+    h = mx.random.normal((2, 64), key=mx.random.key(2))
+    want = np.array(q.as_linear(h))[:, [0, 3, 7, 100, 255]]
+    np.testing.assert_allclose(np.array(sub.logits(h)), want, rtol=1e-5, atol=1e-5)
+    assert draft_vocab.head_subset(nn.Linear(64, 10, bias=True), ids) is None
+
+
+def test_a_dense_q_and_penalty_counts_move_between_the_set_and_the_vocabulary():
+    sub = draft_vocab.DraftVocab(ids=mx.array([1, 4], dtype=mx.int32), vocab=6,
+                                 weight=mx.zeros((2, 3)))
+    assert np.array(sub.dense(mx.array([0.25, 0.75]))).tolist() == [0, 0.25, 0, 0, 0.75, 0]
+    counts = mx.array([[5.0, 1.0, 0.0, 0.0, 2.0, 0.0]])
+    assert np.array(sub.counts(counts)).tolist() == [[1.0, 2.0]]
+    assert np.array(sub.to_vocab(mx.array([1, 0, 1]))).tolist() == [4, 1, 4]
+
+
+def spread_set(monkeypatch, step: int = 7) -> None:
+    """Make the set every ``step``-th id, so its positions are not its ids (a draft or a q
+    left on positions would show), and let every row draft on it whatever its tokens."""
+    monkeypatch.setattr(draft_vocab, "special_ids", lambda model: set(range(0, 10_000, step)))
+    monkeypatch.setattr(draft_vocab, "MAX_MISSES", 1.0)
+
+
+def test_a_row_whose_tokens_fall_outside_the_set_drafts_over_the_whole_vocabulary(
+        tiny_model, monkeypatch):
+    from engine.decoding import batch_caches
+
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(SIZE))
+    monkeypatch.setattr(draft_vocab, "special_ids", lambda model: set(range(0, 10_000, 7)))
+    sub = draft_vocab.for_model(tiny_model)
+    assert sub.fits([7, 14, 21] * 10) and sub.fits([])
+    assert sub.fits([7] * 9 + [1]) and not sub.fits([7] * 8 + [1, 2])  # 10 % at most
+    whole = batch_caches.Batch.logits
+    used = []
+
+    def spy(self, h, s=None):
+        used.append(s is not None)
+        return whole(self, h, s)
+    monkeypatch.setattr(batch_caches.Batch, "logits", spy)
+    inside = [7 * i for i in range(1, 30)]
+    for prompt, want in ((inside, True), ([1, 2, 3, 4, 5] * 6, False)):
+        used.clear()
+        alone(tiny_model, prompt, depth=2, max_tokens=1 + 2)  # one cycle, before any reply
+        assert used and used[0] is want, prompt
+
+
+def test_greedy_depths_equal_depth_0_on_a_draft_vocabulary(tiny_model, monkeypatch):
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(SIZE))
+    spread_set(monkeypatch)
+    assert BatchDecoder(tiny_model).batch.draft_vocab.size == SIZE
+    for p in prompts(3, seed=61):
+        base = alone(tiny_model, p, depth=0, max_tokens=24)
+        for d in (1, 2, 3, 4):
+            assert alone(tiny_model, p, depth=d, max_tokens=24) == base, d
+
+
+@pytest.mark.parametrize("which", ["tiny", "demo"])
+def test_batched_streams_on_a_draft_vocabulary_equal_each_alone(tiny_model, monkeypatch,
+                                                                 which):
+    """Greedy, sampled (grouped and per row), penalised and dense-q rows together. On the
+    demo (a trained head: its drafts' q overlaps the target's, so a q on the wrong ids would
+    be accepted differently) the set is every other id, half the vocabulary."""
+    model = tiny_model if which == "tiny" else engine.load(engine.default_model_path())
+    size, step = (SIZE, 7) if which == "tiny" else (2048, 2)
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(size))
+    spread_set(monkeypatch, step)
+    assert np.array(draft_vocab.for_model(model).ids).tolist()[:3] == [0, step, 2 * step]
+    shared = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+    params = [SamplingParams(), shared, shared, SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.8, presence_penalty=0.4)]
+    depths = [3, 2, 2, 3, 2]
+    ps = prompts(len(params), seed=62)
+    refs = [alone(model, p, depth=d, max_tokens=20, sampling=s, seed=300 + i)
+            for i, (p, d, s) in enumerate(zip(ps, depths, params))]
+    carryover_of(model).reset_prompt_cache()
+    dec = BatchDecoder(model, max_streams=len(ps))
+    streams = [dec.add(p, depth=d, max_tokens=20, sampling=s, seed=300 + i)
+               for i, (p, d, s) in enumerate(zip(ps, depths, params))]
+    got = batched(dec, streams)
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref, s.row.params
+
+
+def test_drafts_on_a_set_are_the_whole_heads_drafts_restricted_to_it(monkeypatch):
+    """The demo's trained head, on a set without ids 0-63 (so positions and ids differ): its
+    greedy drafts, hence every cycle's accepted count, equal those of the whole head with the
+    logits outside the set at -inf. A draft left on its position in the set, or a q on the
+    wrong ids, would be accepted differently."""
+    from engine.decoding import batch_caches
+
+    monkeypatch.setattr(draft_vocab, "MAX_MISSES", 1.0)
+    model = engine.load(engine.default_model_path())
+    head = model.head_rows()
+    vocab = int(head["weight"].shape[0])
+    ids = mx.array(list(range(64, vocab)), dtype=mx.int32)
+    sub = draft_vocab.DraftVocab(ids=ids, vocab=vocab, **draft_vocab.head_subset(head, ids))
+    outside = mx.full((vocab,), -mx.inf).at[ids].add(mx.inf)  # -inf off the set, nan on it
+    outside = mx.where(mx.isnan(outside), 0.0, outside)
+    whole = batch_caches.Batch.logits
+
+    def run(on_set: bool):
+        monkeypatch.setattr(draft_vocab, "for_model", lambda m: sub if on_set else None)
+        monkeypatch.setattr(batch_caches.Batch, "logits", whole if on_set else
+                            lambda self, h, s=None: whole(self, h) + outside)
+        out = []
+        for p in ("What does json.dumps do?", "Explain what a hash map is."):
+            carryover_of(model).reset_prompt_cache()
+            got, accepted = [], 0
+            for ev in model.generate(model.chat_ids([{"role": "user", "content": p}]),
+                                     max_tokens=40, depth=3):
+                got.extend(ev.token_ids)
+                accepted += ev.stats.accepted if ev.stats else 0
+            out.append((got, accepted))
+        return out
+
+    on_set, masked = run(True), run(False)
+    assert on_set == masked
+    assert all(acc > 10 for _, acc in on_set)
+
+
+def test_a_bad_setting_stops_the_cli_in_one_line():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **{DRAFT_VOCAB_ENV: "lots"})
+    out = subprocess.run([sys.executable, "-m", "engine", "list"], env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and DRAFT_VOCAB_ENV in lines[0], out.stderr
