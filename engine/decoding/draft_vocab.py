@@ -19,9 +19,12 @@ back). What changes is how often a draft is accepted: a target token outside the
 the cycle its drafts from there on.
 
 The setting (``engine.decoding.window.draft_vocab_setting``): automatic (``DRAFT_VOCAB`` rows
-where the LM head has ``DRAFT_VOCAB_FROM`` rows or more; the demo's 4,096 keep them all), 0 for
-the whole vocabulary, or N. A batch drafts over the set only when none of its drafting rows
-has a grammar (structured output scores the whole vocabulary: its mask is per token).
+where the LM head has ``DRAFT_VOCAB_FROM`` rows or more and is at least ``MIN_HEAD_SHARE`` of
+the model; the demo's 4,096 keep them all), 0 for the whole vocabulary, or N. A batch drafts over the set only when none of its drafting rows
+has a grammar (structured output scores the whole vocabulary: its mask is per token) and each
+one's recent tokens mostly lie in the set (``DraftVocab.fits``, ``MAX_MISSES``): a conversation
+in a script the low ids do not cover drafts over the whole vocabulary rather than lose its
+acceptance.
 """
 from __future__ import annotations
 
@@ -44,6 +47,12 @@ _built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {s
 # outside the set ends the cycle's accepted drafts there; past ~10 % the draft steps saved no
 # longer pay for the drafts lost on a large model (docs/benchmarks.md).
 MAX_MISSES = 0.1
+
+# The automatic setting takes a set only where the LM head is at least this share of the
+# model's parameters (Qwen3.5 0.8B 32 %, 2B 25 %, 4B 16 %, 9B 11 %; 27B 4.7 %, the MoE models'
+# share of all their experts under 2 %: those draft over the whole vocabulary unless
+# ``MTPCHAT_DRAFT_VOCAB`` says otherwise).
+MIN_HEAD_SHARE = 0.1
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,12 +146,24 @@ def head_subset(module, ids: mx.array) -> dict | None:
     return None
 
 
-def wanted_size(vocab: int, setting: int | None) -> int | None:
+def wanted_size(vocab: int, setting: int | None, share: float | None = None) -> int | None:
     """The set's size for an LM head of ``vocab`` rows under ``setting`` (None: draft over the
-    whole vocabulary)."""
+    whole vocabulary). Automatic (``setting`` None): ``DRAFT_VOCAB`` rows where the head has
+    ``DRAFT_VOCAB_FROM`` rows or more and is at least ``MIN_HEAD_SHARE`` of the model's
+    parameters (``share``; None: unknown) — where it is less, the draft steps it saves are a
+    small part of a cycle and the acceptance a set may cost would outweigh them."""
     if setting is None:
-        setting = DRAFT_VOCAB if vocab >= DRAFT_VOCAB_FROM else 0
+        big = vocab >= DRAFT_VOCAB_FROM and (share is None or share >= MIN_HEAD_SHARE)
+        setting = DRAFT_VOCAB if big else 0
     return setting if 0 < setting < vocab else None
+
+
+def head_share(model, vocab: int) -> float | None:
+    """The LM head's share of the model's parameters (None: not known)."""
+    info = model.info
+    params = getattr(info, "num_parameters", 0) or 0
+    hidden = getattr(info, "hidden_size", 0) or 0
+    return vocab * hidden / params if params > 0 and hidden > 0 else None
 
 
 def for_model(model) -> DraftVocab | None:
@@ -152,7 +173,7 @@ def for_model(model) -> DraftVocab | None:
     if module is None:
         return None
     vocab = int(module["weight"].shape[0])
-    size = wanted_size(vocab, draft_vocab_setting())
+    size = wanted_size(vocab, draft_vocab_setting(), head_share(model, vocab))
     if size is None:
         return None
     per_model = _built.setdefault(model, {})

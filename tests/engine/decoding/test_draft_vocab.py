@@ -40,6 +40,10 @@ def test_automatic_size_drafts_over_part_only_of_a_large_vocabulary():
     assert draft_vocab.wanted_size(4096, None) is None          # the demo: all of it
     assert draft_vocab.wanted_size(248_320, None) == DRAFT_VOCAB  # Qwen3.5
     assert draft_vocab.wanted_size(248_320, 0) is None
+    # where the head is a small part of the model (Qwen3.5-27B: 4.7 %), all of it
+    assert draft_vocab.wanted_size(248_320, None, share=0.047) is None
+    assert draft_vocab.wanted_size(248_320, None, share=0.32) == DRAFT_VOCAB
+    assert draft_vocab.wanted_size(248_320, 4096, share=0.047) == 4096  # asked for
     assert draft_vocab.wanted_size(384, SIZE) == SIZE
     assert draft_vocab.wanted_size(384, 384) is None
     assert draft_vocab.wanted_size(384, 1000) is None
