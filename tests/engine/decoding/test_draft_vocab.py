@@ -215,3 +215,45 @@ def test_a_bad_setting_stops_the_cli_in_one_line():
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and DRAFT_VOCAB_ENV in lines[0], out.stderr
+
+
+def test_a_structured_row_drafts_over_the_whole_vocabulary_and_stays_exact(monkeypatch):
+    """A grammar's mask is per vocabulary token, so a batch with a structured row drafts on
+    the whole vocabulary; a free row alone drafts on the set. Each equals its decode alone."""
+    from engine.decoding import batch_caches
+    from engine.sampling.grammar import Constraint
+    from tests.engine.decoding.test_batching import STRUCT, _demo_prompts
+
+    model = engine.load(engine.default_model_path())
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, "2048")
+    spread_set(monkeypatch, 2)
+    whole = batch_caches.Batch.logits
+    used = []
+
+    def spy(self, h, s=None):
+        used.append(s is not None)
+        rows.append(h.shape[0])
+        return whole(self, h, s)
+    monkeypatch.setattr(batch_caches.Batch, "logits", spy)
+    rows: list[int] = []
+
+    def constraint():
+        return Constraint.for_format(model.tokenizer, STRUCT, vocab_size=model.info.vocab_size,
+                                     eos_ids=model.info.eos_token_ids)
+    free, structured = _demo_prompts(model, 2)
+    used.clear()
+    ref_free = alone(model, free, depth=3, max_tokens=32)
+    assert used and all(used)
+    used.clear()
+    ref_struct = alone(model, structured, depth=3, max_tokens=32, constraint=constraint())
+    assert used and not any(used)
+    carryover_of(model).reset_prompt_cache()
+    dec = BatchDecoder(model, max_streams=2)
+    streams = [dec.add(free, depth=3, max_tokens=32),
+               dec.add(structured, depth=3, max_tokens=32, constraint=constraint())]
+    used.clear()
+    rows.clear()
+    got = batched(dec, streams)
+    assert got[streams[0].id] == ref_free and got[streams[1].id] == ref_struct
+    together = [u for u, n in zip(used, rows) if n == 2]
+    assert together and not any(together)  # the free row alone before the other joined: set
