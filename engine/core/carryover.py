@@ -14,7 +14,7 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 
-from engine.decoding import diskcache
+from engine.decoding import diskcache, draft_vocab
 from engine.decoding.session import PromptCache, Session, Snapshot
 from engine.depth.controller import AdaptiveDepth, carry_over
 from engine.hub import store
@@ -22,6 +22,7 @@ from engine.hub import store
 log = logging.getLogger(__name__)
 
 AUTO_MAX_DEPTH = 4  # the deepest draft ``depth="auto"`` considers
+SAVE_COUNTS_EVERY = 4096  # reply tokens between two saves of the draft vocabulary's counts
 
 
 @dataclass
@@ -37,6 +38,10 @@ class Carryover:
     cost_hints: dict[int, dict[int, float]] = field(default_factory=dict)
     # conditional acceptance by draft position, seen by the warm-up's greedy cycles
     acceptance_hint: list[float] = field(default_factory=list)
+    # how often each token ended up in the model's replies, where it drafts on a set of its
+    # vocabulary (``engine.decoding.draft_vocab``): the set's ranking; saved with the weights
+    token_counts: draft_vocab.TokenCounts | None = None
+    model_dir: str | None = None
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -45,9 +50,25 @@ class Carryover:
         disk = diskcache.from_env(
             info.path, info.dtype, model.make_cache(),
             model.mtp.make_cache() if model.mtp is not None else None)
-        carry = cls(disk_cache=disk)
+        carry = cls(disk_cache=disk, model_dir=info.path)
         carry.hint(*_saved_hint(info))
+        if draft_vocab.wants_set(model):
+            carry.token_counts = _saved_counts(info)
         return carry
+
+    def observe(self, tokens: list[int]) -> None:
+        """A finished reply's tokens join the counts (where the model drafts on a set); saved
+        every ``SAVE_COUNTS_EVERY`` tokens."""
+        counts = self.token_counts
+        if counts is None or not tokens:
+            return
+        counts.add(tokens)
+        if counts.unsaved >= SAVE_COUNTS_EVERY and self.model_dir:
+            try:
+                store.write_token_counts(self.model_dir, counts.to_json())
+                counts.unsaved = 0
+            except Exception:  # noqa: BLE001 - the counts never cost a reply
+                log.warning("could not save the draft vocabulary's counts", exc_info=True)
 
     def reset_prompt_cache(self) -> None:
         self.prompt_cache = PromptCache()
@@ -178,6 +199,15 @@ def _saved_hint(info) -> tuple[dict[int, dict[int, float]], list[float]]:
     except Exception:  # noqa: BLE001 - a missing or corrupt file only costs the first replies
         log.debug("no saved warm-up hint for %s", info.path, exc_info=True)
         return {}, []
+
+
+def _saved_counts(info) -> "draft_vocab.TokenCounts":
+    """The token counts an earlier process saved for these weights (empty when none)."""
+    try:
+        return draft_vocab.TokenCounts.from_json(store.read_token_counts(info.path) or {})
+    except Exception:  # noqa: BLE001 - a corrupt file only costs the learnt ranking
+        log.debug("no saved token counts for %s", info.path, exc_info=True)
+        return draft_vocab.TokenCounts()
 
 
 def _tuned(model) -> dict | None:

@@ -63,7 +63,7 @@ class Batch:
     """See the module docstring. Rows are indexed 0..B-1 in join order (``leave`` keeps the
     order of the others)."""
 
-    def __init__(self, model, *, use_mtp: bool) -> None:
+    def __init__(self, model, *, use_mtp: bool, counts=None) -> None:
         self.model = model
         self.use_mtp = use_mtp and model.mtp is not None
         self.trunk_cache = [RowKVCache() if isinstance(c, KVCache) else ArraysCache(len(c.cache))
@@ -71,8 +71,11 @@ class Batch:
         window = draft_window()
         self.mtp_cache = [RowKVCache(window=window) for _ in model.mtp.make_cache()] \
             if self.use_mtp else None
-        # the rows a draft step scores when it may score part of the vocabulary
-        self.draft_vocab = draft_vocab.for_model(model) if self.use_mtp else None
+        # the rows a draft step scores when it may score part of the vocabulary, ranked by
+        # ``counts`` (``draft_vocab.TokenCounts``, the carryover's; None: by id)
+        self.counts = counts
+        self._vocab_version = counts.version if counts is not None else 0
+        self.draft_vocab = draft_vocab.for_model(model, counts) if self.use_mtp else None
         self.fed: list[list[int]] = []
         self.pending: list[Pending] = []
         self.tracked: list[bool] = []  # rows whose MTP cache is kept in step (see ``join``)
@@ -195,6 +198,14 @@ class Batch:
         embed = self.model.embed
         self._spec_mtp += 1
         return self.model.mtp(out, embed(tokens.reshape(-1, 1)), self.mtp_cache)
+
+    def current_draft_vocab(self) -> DraftVocab | None:
+        """``draft_vocab``, rebuilt once the counts have moved to a new version."""
+        c = self.counts
+        if self.draft_vocab is not None and c is not None and c.version != self._vocab_version:
+            self._vocab_version = c.version
+            self.draft_vocab = draft_vocab.for_model(self.model, c)
+        return self.draft_vocab
 
     def logits(self, hidden: mx.array, sub: DraftVocab | None = None) -> mx.array:
         """The head's logits for ``hidden``: [..., V], or [..., N] on ``sub``'s rows."""

@@ -68,7 +68,7 @@ class BatchDecoder:
         self.carryover = carryover
         self.max_streams = max_streams
         self.profile = profile
-        self.batch = Batch(model, use_mtp=use_mtp)
+        self.batch = Batch(model, use_mtp=use_mtp, counts=carryover.token_counts)
         self.admission = Admission(model, carryover, use_mtp=self.batch.use_mtp, share=share)
         self.share = share
         self.plain = plain.PlainPipeline(self.batch)
@@ -205,6 +205,8 @@ class BatchDecoder:
         tokens) held back the reply's last tokens. The disk cache then writes them while
         nothing decodes (``_note_busy``)."""
         st.finished = True
+        if self.batch.draft_vocab is not None:  # the tokens that rank its set next time
+            self.carryover.observe(st.reply.generated)
         self.plain.carry.pop(st.id, None)
         ahead = None if self.plain.ahead is None else self.plain.ahead.mark  # before it
         session = st.session if row is None else self.batch.extract(row, ahead)

@@ -7,10 +7,15 @@ cycle's three draft steps cost 47 % of the cycle, nearly a plain step, while the
 is 2 % of the model's weights (docs/benchmarks.md). Scoring 32,768 rows cuts each draft's LM
 head 7.6-fold.
 
-Which rows: the lowest ids, which byte-level BPE vocabularies (Qwen's among them) assign in
-merge order, the most frequent pieces first; plus every added or special token (the chat's
-``<|im_end|>``, ``<think>``, tool-call tags sit at the end of the vocabulary) and the
-end-of-sequence ids. A token outside the set is never drafted; the verify still produces it.
+Which rows: every added or special token (the chat's ``<|im_end|>``, ``<think>``, tool-call
+tags sit at the end of the vocabulary) and the end-of-sequence ids; then the tokens this model's
+replies used most (``TokenCounts``: counted per model by the engine core's carryover, kept
+with the weights' signature, so the set follows the languages and code a user works in); then
+the lowest ids, which byte-level BPE vocabularies (Qwen's among them) assign in merge order,
+the most frequent pieces first. A token outside the set is never drafted; the verify still
+produces it. On Qwen's BPE the lowest 32,768 ids hold 94-95 % of English and Python tokens but
+36-58 % of Chinese; a set learnt from half of a text holds 98 % and 94 % of the other half
+(docs/benchmarks.md).
 
 Exactness is untouched: a draft is sampled from a distribution q over the set (greedy: its
 argmax), and acceptance needs only that the draft was drawn from the q it is given, on the
@@ -20,11 +25,11 @@ the cycle its drafts from there on.
 
 The setting (``engine.decoding.window.draft_vocab_setting``): automatic (``DRAFT_VOCAB`` rows
 where the LM head has ``DRAFT_VOCAB_FROM`` rows or more and is at least ``MIN_HEAD_SHARE`` of
-the model; the demo's 4,096 keep them all), 0 for the whole vocabulary, or N. A batch drafts over the set only when none of its drafting rows
-has a grammar (structured output scores the whole vocabulary: its mask is per token) and each
-one's recent tokens mostly lie in the set (``DraftVocab.fits``, ``MAX_MISSES``): a conversation
-in a script the low ids do not cover drafts over the whole vocabulary rather than lose its
-acceptance.
+the model; the demo's 4,096 keep them all), 0 for the whole vocabulary, or N. A batch drafts
+over the set only when none of its drafting rows has a grammar (structured output scores the
+whole vocabulary: its mask is per token) and each one's recent tokens mostly lie in the set
+(``DraftVocab.fits``, ``MAX_MISSES``): a conversation in a script the set does not cover yet
+drafts over the whole vocabulary rather than lose its acceptance.
 """
 from __future__ import annotations
 
@@ -53,6 +58,9 @@ MAX_MISSES = 0.1
 # share of all their experts under 2 %: those draft over the whole vocabulary unless
 # ``MTPCHAT_DRAFT_VOCAB`` says otherwise).
 MIN_HEAD_SHARE = 0.1
+
+LEARN_FROM = 2048   # reply tokens counted before they rank the set (then at 2x, 4x, ... as many)
+KEEP = 65536        # most used ids kept on disk per model
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,11 +113,16 @@ class DraftVocab:
         return mx.put_along_axis(out, mx.broadcast_to(self.ids, q.shape), q, axis=-1)
 
 
-def choose_ids(vocab: int, size: int, always=()) -> list[int]:
+def choose_ids(vocab: int, size: int, always=(), ranked=()) -> list[int]:
     """``size`` ids of ``range(vocab)``: the ids of ``always`` (special tokens) inside it,
-    then the lowest others; ascending. A set smaller than the special tokens holds the lowest
-    of them."""
+    then those of ``ranked`` in its order (the most used first), then the lowest others;
+    ascending. A set smaller than the special tokens holds the lowest of them."""
     keep = set(sorted({int(i) for i in always if 0 <= int(i) < vocab})[:size])
+    for t in ranked:
+        if len(keep) >= size:
+            break
+        if 0 <= int(t) < vocab:
+            keep.add(int(t))
     i = 0
     while len(keep) < size:
         keep.add(i)
@@ -166,9 +179,24 @@ def head_share(model, vocab: int) -> float | None:
     return vocab * hidden / params if params > 0 and hidden > 0 else None
 
 
-def for_model(model) -> DraftVocab | None:
-    """The model's draft vocabulary under the current setting (built once per model and
-    size; None: draft over the whole vocabulary)."""
+def head_vocab(model) -> int | None:
+    """The LM head's rows where a draft vocabulary could cut it (None: it cannot)."""
+    module = model.head_rows() if model.mtp is not None else None
+    return None if module is None else int(module["weight"].shape[0])
+
+
+def wants_set(model) -> bool:
+    """Whether the model drafts on a set under the current setting (its replies are then
+    counted: ``TokenCounts``)."""
+    vocab = head_vocab(model)
+    return vocab is not None and wanted_size(vocab, draft_vocab_setting(),
+                                             head_share(model, vocab)) is not None
+
+
+def for_model(model, counts: "TokenCounts | None" = None) -> DraftVocab | None:
+    """The model's draft vocabulary under the current setting and ``counts`` (the tokens its
+    replies used; built once per model, size and ``counts.version``: an older set of that size
+    is dropped; None: draft over the whole vocabulary)."""
     module = model.head_rows() if model.mtp is not None else None
     if module is None:
         return None
@@ -176,17 +204,73 @@ def for_model(model) -> DraftVocab | None:
     size = wanted_size(vocab, draft_vocab_setting(), head_share(model, vocab))
     if size is None:
         return None
+    version = counts.version if counts is not None else 0
     per_model = _built.setdefault(model, {})
-    if size not in per_model:
-        ids = mx.array(choose_ids(vocab, size, special_ids(model)), dtype=mx.int32)
+    got = per_model.get(size)
+    if got is None or got[0] != version:
+        ranked = counts.ranked() if counts is not None else ()
+        ids = mx.array(choose_ids(vocab, size, special_ids(model), ranked), dtype=mx.int32)
         fields = head_subset(module, ids)
-        if fields is None:
-            per_model[size] = None
-        else:
+        sub = None
+        if fields is not None:
             member = np.zeros(vocab, dtype=bool)
             member[np.array(ids)] = True
             sub = DraftVocab(ids=ids, vocab=vocab, member=member, **fields)
             mx.eval(sub.ids, sub.weight, *(a for a in (sub.scales, sub.biases) if a is not None))
-            log.info("drafts score %d of the %d vocabulary rows", size, vocab)
-            per_model[size] = sub
-    return per_model[size]
+            log.info("drafts score %d of the %d vocabulary rows (%d learnt)", size, vocab,
+                     min(len(ranked), size))
+        got = per_model[size] = (version, sub)
+    return got[1]
+
+
+class TokenCounts:
+    """How often each token ended up in this model's replies: the ranking a draft vocabulary
+    takes after the special tokens. ``version`` moves on when the counts have doubled since
+    it last did (from ``LEARN_FROM`` tokens), so a set is rebuilt a handful of times as a
+    user's history grows, not every reply. Kept with the model's weights signature
+    (``engine.core.carryover``: ``store.write_token_counts``), the most used ``KEEP`` ids."""
+
+    def __init__(self, counts: dict[int, int] | None = None) -> None:
+        self.counts: dict[int, int] = {}
+        self.total = 0
+        self.version = 0
+        self.unsaved = 0
+        self._at_version = 0
+        for t, n in (counts or {}).items():
+            if int(n) > 0 and int(t) >= 0:
+                self.counts[int(t)] = int(n)
+                self.total += int(n)
+        self._bump()
+
+    def add(self, tokens) -> None:
+        for t in tokens:
+            t = int(t)
+            if t >= 0:
+                self.counts[t] = self.counts.get(t, 0) + 1
+        self.total += len(tokens)
+        self.unsaved += len(tokens)
+        self._bump()
+
+    def _bump(self) -> None:
+        if self.total >= LEARN_FROM and self.total >= 2 * self._at_version:
+            self.version += 1
+            self._at_version = self.total
+
+    def ranked(self) -> list[int]:
+        """Token ids by count, the most used first (ties: the lower id)."""
+        return sorted(self.counts, key=lambda t: (-self.counts[t], t))
+
+    def to_json(self) -> dict:
+        return {str(t): self.counts[t] for t in self.ranked()[:KEEP]}
+
+    @classmethod
+    def from_json(cls, data) -> "TokenCounts":
+        """From ``to_json``'s dict; anything malformed in it is left out."""
+        counts = {}
+        if isinstance(data, dict):
+            for k, v in data.items():
+                try:
+                    counts[int(k)] = int(v)
+                except (TypeError, ValueError):
+                    continue
+        return cls(counts)

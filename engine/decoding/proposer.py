@@ -84,7 +84,7 @@ def _draft_vocab(batch: Batch, rows: list[Row], ks: list[int]) -> DraftVocab | N
     """The batch's draft vocabulary (``engine.decoding.draft_vocab``) for this cycle, or None
     (the whole vocabulary) when a drafting row has a grammar or its recent tokens lie outside
     the set too often."""
-    sub = batch.draft_vocab
+    sub = batch.current_draft_vocab()
     if sub is None:
         return None
     for r, k in zip(rows, ks):

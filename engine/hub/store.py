@@ -216,6 +216,20 @@ def read_warm_hint(model_dir: str | Path, dtype: str, *,
     return hint if isinstance(hint, dict) else None
 
 
+def write_token_counts(model_dir: str | Path, counts: dict) -> None:
+    """Keep how often each token ended up in a model's replies (``engine.decoding.draft_vocab
+    .TokenCounts``: the ids its draft steps score first), for these weights only. Counts of
+    token ids, not text; in the data dir beside the tuning."""
+    _put_entry("draft_vocab.json", model_dir, "counts",
+               {"counts": counts, "written_at": time.time()})
+
+
+def read_token_counts(model_dir: str | Path) -> dict | None:
+    entry = _entry("draft_vocab.json", model_dir, "counts")
+    counts = entry.get("counts") if entry is not None else None
+    return counts if isinstance(counts, dict) else None
+
+
 # ----------------------------------------------------------------------------- the store
 
 @dataclass(frozen=True)

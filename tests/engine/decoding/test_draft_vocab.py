@@ -185,7 +185,7 @@ def test_drafts_on_a_set_are_the_whole_heads_drafts_restricted_to_it(monkeypatch
     whole = batch_caches.Batch.logits
 
     def run(on_set: bool):
-        monkeypatch.setattr(draft_vocab, "for_model", lambda m: sub if on_set else None)
+        monkeypatch.setattr(draft_vocab, "for_model", lambda m, c=None: sub if on_set else None)
         monkeypatch.setattr(batch_caches.Batch, "logits", whole if on_set else
                             lambda self, h, s=None: whole(self, h) + outside)
         out = []
@@ -257,3 +257,70 @@ def test_a_structured_row_drafts_over_the_whole_vocabulary_and_stays_exact(monke
     assert got[streams[0].id] == ref_free and got[streams[1].id] == ref_struct
     together = [u for u, n in zip(used, rows) if n == 2]
     assert together and not any(together)  # the free row alone before the other joined: set
+
+
+def test_counts_rank_tokens_and_move_on_when_they_double(monkeypatch):
+    monkeypatch.setattr(draft_vocab, "LEARN_FROM", 6)
+    c = draft_vocab.TokenCounts()
+    c.add([5, 5, 5, 2, 2])
+    assert c.ranked() == [5, 2] and c.version == 0 and c.unsaved == 5
+    c.add([9])
+    assert c.ranked() == [5, 2, 9] and c.version == 1  # 6 tokens
+    c.add([9] * 5)
+    assert c.version == 1                                # 11 < 2 x 6
+    c.add([9])
+    assert c.version == 2 and c.ranked() == [9, 5, 2]
+    back = draft_vocab.TokenCounts.from_json({**c.to_json(), "x": 3, "4": "many", "-1": 2})
+    assert back.counts == c.counts and back.total == c.total and back.version == 1
+    monkeypatch.setattr(draft_vocab, "KEEP", 2)
+    assert c.to_json() == {"9": 7, "5": 3}
+
+
+def test_learnt_tokens_come_after_the_special_ones_and_before_the_lowest_ids():
+    assert draft_vocab.choose_ids(20, 5, [19], ranked=[7, 3, 7, 30]) == [0, 1, 3, 7, 19]
+    assert draft_vocab.choose_ids(20, 2, [19], ranked=[7, 3]) == [7, 19]
+
+
+def test_a_set_learns_from_replies_and_keeps_what_it_learnt_with_the_weights(
+        tmp_path, monkeypatch):
+    from engine.core import carryover
+    from engine.hub import store
+
+    monkeypatch.setenv("MTPCHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(SIZE))
+    monkeypatch.setattr(draft_vocab, "LEARN_FROM", 16)
+    monkeypatch.setattr(draft_vocab, "MAX_MISSES", 1.0)
+    monkeypatch.setattr(carryover, "SAVE_COUNTS_EVERY", 16)
+    folder = build_tiny_model(tmp_path / "m", seed=8)
+    model = engine.load(folder)
+    carry = carryover.carryover_of(model)
+    assert carry.token_counts is not None and carry.token_counts.total == 0
+    first = draft_vocab.for_model(model, carry.token_counts)
+    reply = alone(model, prompts(1, seed=64)[0], depth=2, max_tokens=40)
+    counts = carry.token_counts
+    assert counts.total == len(reply) and counts.version == 1 and counts.unsaved == 0
+    assert store.read_token_counts(folder) == counts.to_json()
+    learnt = draft_vocab.for_model(model, counts)
+    assert learnt is not first
+    top = [t for t in counts.ranked()[:SIZE // 2]]
+    assert set(top) <= set(np.array(learnt.ids).tolist())
+    # the next process starts from them; new weights (another signature) do not
+    again = carryover.Carryover.for_model(model)
+    assert again.token_counts.counts == counts.counts and again.token_counts.version == 1
+    import os
+    shard = next(folder.glob("*.safetensors"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    assert store.read_token_counts(folder) is None
+
+
+def test_a_decoder_drafts_on_the_rebuilt_set_once_the_counts_move_on(tiny_model, monkeypatch):
+    monkeypatch.setenv(DRAFT_VOCAB_ENV, str(SIZE))
+    counts = draft_vocab.TokenCounts()
+    dec = BatchDecoder(tiny_model)
+    dec.batch.counts = counts
+    before = dec.batch.current_draft_vocab()
+    monkeypatch.setattr(draft_vocab, "LEARN_FROM", 4)
+    counts.add([383, 383, 383, 382])
+    after = dec.batch.current_draft_vocab()
+    assert after is not before and {382, 383} <= set(np.array(after.ids).tolist())
+    assert dec.batch.current_draft_vocab() is after  # no rebuild until the next version
