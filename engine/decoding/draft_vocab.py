@@ -45,12 +45,14 @@ from engine.decoding.window import DRAFT_VOCAB, DRAFT_VOCAB_FROM, draft_vocab_se
 
 log = logging.getLogger(__name__)
 
-_built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {size: DraftVocab}
+# model -> {size: (counts version, DraftVocab | None)}: the latest set of each size
+_built: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # A row drafts over the whole vocabulary while more than this share of its last tokens (the
 # prompt's, then its reply's: ``stream.Row.recent``) lie outside the set. A target token
 # outside the set ends the cycle's accepted drafts there; past ~10 % the draft steps saved no
-# longer pay for the drafts lost on a large model (docs/benchmarks.md).
+# longer pay for the drafts lost on a large model (an estimate from the cycle costs in
+# docs/benchmarks.md, not measured on real weights).
 MAX_MISSES = 0.1
 
 # The automatic setting takes a set only where the LM head is at least this share of the
