@@ -42,6 +42,7 @@ class Carryover:
     # vocabulary (``engine.decoding.draft_vocab``): the set's ranking; saved with the weights
     token_counts: draft_vocab.TokenCounts | None = None
     model_dir: str | None = None
+    learns: bool = True  # its replies join ``token_counts`` (the warm-up's rank by them only)
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -60,7 +61,7 @@ class Carryover:
         """A finished reply's tokens join the counts (where the model drafts on a set); saved
         every ``SAVE_COUNTS_EVERY`` tokens."""
         counts = self.token_counts
-        if counts is None or not tokens:
+        if counts is None or not tokens or not self.learns:
             return
         counts.add(tokens)
         if counts.unsaved >= SAVE_COUNTS_EVERY and self.model_dir:

@@ -68,7 +68,7 @@ class WarmUp:
     def __init__(self, model, *, max_streams: int, depths: tuple[int, ...] | None = None,
                  samplings: tuple[SamplingParams, ...] = (GREEDY, SamplingParams()),
                  on_progress: Callable[[int, int], None] | None = None) -> None:
-        from engine.core.carryover import Carryover
+        from engine.core.carryover import Carryover, carryover_of
 
         info = model.info
         if depths is None:
@@ -81,7 +81,9 @@ class WarmUp:
         self.on_progress = on_progress
         self.started_at: float | None = None
         self.seconds = 0.0
-        self._carry = Carryover()
+        # its own prompt cache and controllers, but the model's draft-vocabulary ranking: the
+        # set it compiles for is the one replies use (not rebuilt by the first reply)
+        self._carry = Carryover(token_counts=carryover_of(model).token_counts, learns=False)
         self._ids = _prompt_ids(model)
         self._cancel = threading.Event()
         self._unit = 0

@@ -175,37 +175,35 @@ def wanted_size(vocab: int, setting: int | None, share: float | None = None) -> 
 
 def head_share(model, vocab: int) -> float | None:
     """The LM head's share of the model's parameters (None: not known)."""
-    info = model.info
-    params = getattr(info, "num_parameters", 0) or 0
-    hidden = getattr(info, "hidden_size", 0) or 0
+    params, hidden = model.info.num_parameters, model.info.hidden_size
     return vocab * hidden / params if params > 0 and hidden > 0 else None
 
 
-def head_vocab(model) -> int | None:
-    """The LM head's rows where a draft vocabulary could cut it (None: it cannot)."""
+def _planned(model) -> tuple[object, int, int] | None:
+    """(the head's module, its rows V, the set's size) under the current setting, or None
+    where the model drafts over the whole vocabulary."""
     module = model.head_rows() if model.mtp is not None else None
-    return None if module is None else int(module["weight"].shape[0])
+    if module is None:
+        return None
+    vocab = int(module["weight"].shape[0])
+    size = wanted_size(vocab, draft_vocab_setting(), head_share(model, vocab))
+    return None if size is None else (module, vocab, size)
 
 
 def wants_set(model) -> bool:
     """Whether the model drafts on a set under the current setting (its replies are then
     counted: ``TokenCounts``)."""
-    vocab = head_vocab(model)
-    return vocab is not None and wanted_size(vocab, draft_vocab_setting(),
-                                             head_share(model, vocab)) is not None
+    return _planned(model) is not None
 
 
 def for_model(model, counts: "TokenCounts | None" = None) -> DraftVocab | None:
     """The model's draft vocabulary under the current setting and ``counts`` (the tokens its
     replies used; built once per model, size and ``counts.version``: an older set of that size
     is dropped; None: draft over the whole vocabulary)."""
-    module = model.head_rows() if model.mtp is not None else None
-    if module is None:
+    planned = _planned(model)
+    if planned is None:
         return None
-    vocab = int(module["weight"].shape[0])
-    size = wanted_size(vocab, draft_vocab_setting(), head_share(model, vocab))
-    if size is None:
-        return None
+    module, vocab, size = planned
     version = counts.version if counts is not None else 0
     per_model = _built.setdefault(model, {})
     got = per_model.get(size)
