@@ -51,6 +51,7 @@ def system_info() -> dict:
         "blas_path": blas["path"],
         "blas_core": cpu_products.core_name() or None,
         "block_products": cpu_products.enabled(),
+        "column_weights": cpu_products.columns_enabled(),
         **memory(),
     }
 

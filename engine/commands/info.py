@@ -32,6 +32,8 @@ def run(args) -> int:
           + (f", {info['blas_core']} kernels" if info["blas_core"] else ""))
     print(f"  weight products in blocks for the small-matrix kernel: "
           f"{'on' if info['block_products'] else 'off'} (MTPCHAT_BLOCK_PRODUCTS)")
+    print(f"  weights column-major for the packed products: "
+          f"{'on' if info['column_weights'] else 'off'} (MTPCHAT_COLUMN_WEIGHTS)")
     print(f"  memory: {_gib(info['available_bytes'])} available of {_gib(info['total_bytes'])}")
     if "matmul_bench" in info:
         b = info["matmul_bench"]

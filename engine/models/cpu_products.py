@@ -17,10 +17,20 @@ at 4 rows 88 -> 66-71 ms). Each output element is then the small kernel's dot pr
 row's result is the same bits alone, in a verify or in a batch, at every row count for which
 ``small_kernel`` holds (OpenBLAS's two paths round differently: with whole products a row alone
 and the same row among four were not bit-identical for 512 x 192 or 1024 x 192 weights).
-Elsewhere (Accelerate, other BLAS, other cores) nothing changes.
+Elsewhere (Accelerate, other BLAS) nothing changes.
 The small kernel runs on one thread, the packed path on all of OpenBLAS's: with more than two
 threads a product OpenBLAS would spread over them stays whole (measured with one and two
 threads only: ``docs/benchmarks.md``). ``MTPCHAT_BLOCK_PRODUCTS=0`` turns it off, ``=1`` on.
+
+On the other OpenBLAS cores (AVX2's Haswell and Zen kernels: no small kernel, so ``sgemm``
+always packs), a weight kept column-major -- its transpose stored contiguously, the module's
+``weight`` a transposed view of that, same shape and values -- makes ``x @ weight.T`` a product
+OpenBLAS computes faster: 25-32 % for the demo's LM head at 1-32 rows, 10-20 % for its
+512 x 192 layers (alone, ``docs/benchmarks.md``). A whole reply gains less, 0-10 % at depths
+0 and 3 alike: on the demo the products are about half of a cycle's work. ``adopt`` then lays every plain ``Linear`` out so (no extra memory) and
+gives a tied LM head (``Embedding.as_linear``) a column-major copy where that copy is at most
+``TIED_COPY_MAX`` (the lookup keeps reading rows). ``MTPCHAT_COLUMN_WEIGHTS=0`` turns it off,
+``=1`` on.
 """
 from __future__ import annotations
 
@@ -44,6 +54,10 @@ MIN_BLOCK_WORK = 12288    # columns x inner of a block, at least: blocks of 32 x
                           # were no faster than the packed product (docs/benchmarks.md)
 MAX_ROWS = 64             # the permit leaves blocks too narrow beyond (16 x 1024 at 64 rows)
 SERIAL_MNK = 4 * 65536    # OpenBLAS computes a product below this on one thread anyway
+COLUMNS_ENV = "MTPCHAT_COLUMN_WEIGHTS"
+TIED_COPY_MAX = 64 << 20  # bytes: a tied head's column-major copy (the demo's: 3 MiB)
+_SWITCH = {"0": False, "false": False, "off": False, "no": False,
+           "1": True, "true": True, "on": True, "yes": True}
 
 _state: dict[str, bool | int] = {}
 
@@ -79,20 +93,41 @@ def threads() -> int:
     return _state["threads"]
 
 
+def _switch(env: str, key: str, default) -> bool:
+    """``_state[key]``: the environment variable ``env`` where it is a switch, else
+    ``default()`` (a malformed value is logged and ignored)."""
+    if key not in _state:
+        value = os.environ.get(env, "").strip().lower()
+        if value in _SWITCH:
+            _state[key] = _SWITCH[value]
+        else:
+            if value:
+                log.warning("%s=%r is not 0 or 1; deciding by the BLAS", env, value)
+            _state[key] = bool(default())
+        log.debug("%s: %s", key, _state[key])
+    return bool(_state[key])
+
+
 def enabled() -> bool:
     """Whether products run in blocks here: the environment, else an OpenBLAS whose core has
     the small kernel, computing on the CPU."""
-    if "on" not in _state:
-        env = os.environ.get(ENV, "").strip().lower()
-        if env in ("0", "1", "true", "false", "on", "off", "yes", "no"):
-            _state["on"] = env in ("1", "true", "on", "yes")
-        else:
-            if env:
-                log.warning("%s=%r is not 0 or 1; deciding by the BLAS", ENV, env)
-            _state["on"] = (mx.default_device() == mx.cpu
-                            and core_name() in SMALL_KERNEL_CORES)
-        log.debug("block products: %s", _state["on"])
-    return _state["on"]
+    return _switch(ENV, "on", lambda: mx.default_device() == mx.cpu
+                   and core_name() in SMALL_KERNEL_CORES)
+
+
+def columns_enabled() -> bool:
+    """Whether plain weights are kept column-major here: never with the block products (they
+    read rows); else the environment, else an OpenBLAS without the small kernel, on the CPU."""
+    if enabled():
+        return False
+    return _switch(COLUMNS_ENV, "columns", lambda: mx.default_device() == mx.cpu
+                   and core_name() not in ("", *SMALL_KERNEL_CORES))
+
+
+def column_major(weight: mx.array) -> mx.array:
+    """``weight`` (same shape and values) as a transposed view of its transpose stored
+    contiguously, so that ``x @ weight.T`` reads a row-major right operand."""
+    return mx.contiguous(weight.T).T
 
 
 def _permitted(rows: int, cols: int, inner: int) -> bool:
@@ -152,17 +187,48 @@ class BlockEmbedding(nn.Embedding):
         return product(x, self.weight)
 
 
+class ColumnEmbedding(nn.Embedding):
+    """A tied LM head whose product reads a column-major copy of the rows (``_columns``: not a
+    parameter, so the lookup and whatever reads ``weight`` see the rows as before)."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ self._columns
+
+
 def adopt(module: nn.Module) -> int:
-    """Turn ``module``'s plain Linear and Embedding layers into the block ones (same weights,
-    same parameters); how many. Nothing where ``enabled()`` is False."""
-    if not enabled():
-        return 0
+    """Lay ``module``'s plain Linear and Embedding layers out for this BLAS, same weights and
+    same parameters: the block products where ``enabled()``, else column-major weights where
+    ``columns_enabled()``. Returns how many layers changed."""
+    if enabled():
+        n = 0
+        for _name, m in module.named_modules():
+            if type(m) is nn.Linear:
+                m.__class__ = BlockLinear
+                n += 1
+            elif type(m) is nn.Embedding:
+                m.__class__ = BlockEmbedding
+                n += 1
+        return n
+    return _adopt_columns(module) if columns_enabled() else 0
+
+
+def _adopt_columns(module: nn.Module) -> int:
     n = 0
     for _name, m in module.named_modules():
+        w = m.get("weight") if type(m) in (nn.Linear, nn.Embedding) else None
+        if w is None or not mx.issubdtype(w.dtype, mx.floating):
+            continue
         if type(m) is nn.Linear:
-            m.__class__ = BlockLinear
+            m.weight = column_major(w)
             n += 1
-        elif type(m) is nn.Embedding:
-            m.__class__ = BlockEmbedding
+        elif w.nbytes <= TIED_COPY_MAX:
+            m._columns = mx.contiguous(w.T)
+            m.__class__ = ColumnEmbedding
             n += 1
     return n
+
+
+def copies(module: nn.Module) -> list[mx.array]:
+    """The column-major head copies ``adopt`` made in ``module`` (not parameters: a loader
+    evaluates them with the weights)."""
+    return [m._columns for _name, m in module.named_modules() if type(m) is ColumnEmbedding]

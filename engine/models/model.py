@@ -234,12 +234,14 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
     note_mlx_thread()
-    for part in (built.trunk, built.mtp):  # OpenBLAS's small kernel (engine/models/cpu_products.py)
+    for part in (built.trunk, built.mtp):  # laid out for OpenBLAS (engine/models/cpu_products.py)
         if part is not None:
             cpu_products.adopt(part)
     try:
         mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {},
-                built.vision.parameters() if built.vision is not None else {})
+                built.vision.parameters() if built.vision is not None else {},
+                [c for part in (built.trunk, built.mtp) if part is not None
+                 for c in cpu_products.copies(part)])
     except Exception as exc:  # noqa: BLE001 - e.g. a shard changed on disk while loading
         raise ModelLoadError(f"The weights could not be read: {exc}. Re-download the model.") \
             from exc

@@ -95,10 +95,72 @@ def test_adopt_swaps_plain_layers_only_and_keeps_their_weights(blocks_on):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=2e-5, atol=2e-5)
 
 
-def test_adopt_changes_nothing_where_blocks_are_off(monkeypatch):
+def test_adopt_changes_nothing_where_blocks_and_columns_are_off(monkeypatch):
     monkeypatch.setitem(cp._state, "on", False)
-    lin = nn.Linear(8, 8)
-    assert cp.adopt(lin) == 0 and type(lin) is nn.Linear
+    monkeypatch.setitem(cp._state, "columns", False)
+    lin, emb = nn.Linear(8, 8), nn.Embedding(16, 8)
+    w = lin.weight
+    assert cp.adopt(lin) == 0 and cp.adopt(emb) == 0
+    assert type(lin) is nn.Linear and type(emb) is nn.Embedding and lin.weight is w
+
+
+@pytest.fixture
+def columns_on(monkeypatch):
+    monkeypatch.setitem(cp._state, "on", False)
+    monkeypatch.setitem(cp._state, "columns", True)
+
+
+def test_columns_keep_every_weight_and_product_and_copy_only_a_small_tied_head(
+        columns_on, monkeypatch):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(64, 32)
+            self.big = nn.Embedding(300, 32)
+            self.proj = nn.Linear(32, 600, bias=False)
+            self.biased = nn.Linear(32, 40)
+            self.quant = nn.QuantizedLinear(64, 64, bias=False)
+
+    m = Block()
+    monkeypatch.setattr(cp, "TIED_COPY_MAX", 64 * 32 * 4)   # the 64-row head fits, not 300
+    before = {k: {n: np.array(a) for n, a in v.items()} for k, v in m.parameters().items()}
+    x = mx.random.normal((5, 32), key=mx.random.key(1))
+    ids = mx.array([[3, 0, 63]])
+    want = (m.proj(x), m.biased(x), m.embed.as_linear(x), m.big.as_linear(x), m.embed(ids))
+    assert cp.adopt(m) == 3
+    assert type(m.proj) is nn.Linear and type(m.biased) is nn.Linear
+    assert type(m.embed) is cp.ColumnEmbedding and type(m.big) is nn.Embedding
+    assert type(m.quant) is nn.QuantizedLinear
+    after = m.parameters()
+    assert after.keys() == before.keys()
+    for k, v in before.items():
+        assert after[k].keys() == v.keys()  # the copy is not a parameter
+        for n, a in v.items():
+            assert after[k][n].shape == a.shape and np.array_equal(np.array(after[k][n]), a)
+    assert [c.shape for c in cp.copies(m)] == [(32, 64)]
+    got = (m.proj(x), m.biased(x), m.embed.as_linear(x), m.big.as_linear(x), m.embed(ids))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=2e-5, atol=2e-5)
+    assert np.array_equal(np.array(got[-1]), np.array(want[-1]))  # the lookup reads rows
+
+
+def test_columns_never_with_blocks_and_the_environment_decides(monkeypatch):
+    monkeypatch.setitem(cp._state, "on", True)
+    monkeypatch.setitem(cp._state, "columns", True)
+    assert not cp.columns_enabled()
+    monkeypatch.setitem(cp._state, "on", False)
+    for value, want in (("0", False), ("off", False), ("1", True), ("yes", True)):
+        cp._state.pop("columns")
+        monkeypatch.setenv(cp.COLUMNS_ENV, value)
+        assert cp.columns_enabled() is want
+    cp._state.pop("columns")
+    monkeypatch.delenv(cp.COLUMNS_ENV)
+    monkeypatch.setattr(cp, "core_name", lambda: "")      # not OpenBLAS: nothing changes
+    assert not cp.columns_enabled()
+    cp._state.pop("columns")
+    monkeypatch.setattr(cp, "core_name", lambda: "haswell")
+    assert cp.columns_enabled() is (mx.default_device() == mx.cpu)
+    cp._state.pop("columns")
 
 
 def test_an_unknown_value_is_named_in_one_warning(monkeypatch, caplog):
