@@ -25,7 +25,8 @@ the cycle its drafts from there on.
 
 The setting (``engine.decoding.window.draft_vocab_setting``): automatic (``DRAFT_VOCAB`` rows
 where the LM head has ``DRAFT_VOCAB_FROM`` rows or more and is at least ``MIN_HEAD_SHARE`` of
-the model; the demo's 4,096 keep them all), 0 for the whole vocabulary, or N. A batch drafts
+the weight bytes a step reads, an MoE's experts at top-k / experts: ``head_share``; the demo's
+4,096 keep them all), 0 for the whole vocabulary, or N. A batch drafts
 over the set only when none of its drafting rows has a grammar (structured output scores the
 whole vocabulary: its mask is per token) and each one's recent tokens mostly lie in the set
 (``DraftVocab.fits``, ``MAX_MISSES``): a conversation in a script the set does not cover yet
@@ -40,8 +41,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from engine.decoding.window import DRAFT_VOCAB, DRAFT_VOCAB_FROM, draft_vocab_setting
+from engine.models import cpu_products
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,9 @@ def head_subset(module, ids: mx.array) -> dict | None:
                     biases=None if biases is None else mx.take(biases, ids, axis=0),
                     quant=(module.group_size, module.bits, getattr(module, "mode", "affine")))
     if isinstance(module, (nn.Embedding, nn.Linear)):
-        return dict(weight=mx.take(module["weight"], ids, axis=0))
+        rows = mx.take(module["weight"], ids, axis=0)
+        return dict(weight=cpu_products.column_major(rows) if cpu_products.columns_enabled()
+                    else rows)
     return None
 
 
@@ -173,10 +178,26 @@ def wanted_size(vocab: int, setting: int | None, share: float | None = None) -> 
     return setting if 0 < setting < vocab else None
 
 
-def head_share(model, vocab: int) -> float | None:
-    """The LM head's share of the model's parameters (None: not known)."""
-    params, hidden = model.info.num_parameters, model.info.hidden_size
-    return vocab * hidden / params if params > 0 and hidden > 0 else None
+EXPERT_PATHS = (".switch_mlp.", ".experts.")  # MoE expert weights: [experts, ...] each
+
+
+def head_share(model) -> float | None:
+    """The LM head's share of the weight bytes a decode step reads (None: not known): its
+    parameters against the trunk's and the MTP head's, MoE experts counted at top-k / experts
+    (``num_experts_per_tok`` of the text model's args; all of them where it is not given).
+    Bytes, not parameter counts, so that a quantized model (packed weights, scales) and a
+    float one are judged alike."""
+    head = model.head_rows()
+    if head is None:
+        return None
+    k = getattr(getattr(model.trunk, "args", None), "num_experts_per_tok", None)
+    total = 0.0
+    for part in (model.trunk, model.mtp):
+        for name, v in (tree_flatten(part.parameters()) if part is not None else ()):
+            expert = k and v.ndim >= 3 and any(e in f".{name}" for e in EXPERT_PATHS)
+            total += v.nbytes * (min(k, v.shape[0]) / v.shape[0] if expert else 1)
+    own = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
+    return own / total if total > 0 and own > 0 else None
 
 
 def _planned(model) -> tuple[object, int, int] | None:
@@ -186,7 +207,7 @@ def _planned(model) -> tuple[object, int, int] | None:
     if module is None:
         return None
     vocab = int(module["weight"].shape[0])
-    size = wanted_size(vocab, draft_vocab_setting(), head_share(model, vocab))
+    size = wanted_size(vocab, draft_vocab_setting(), head_share(model))
     return None if size is None else (module, vocab, size)
 
 

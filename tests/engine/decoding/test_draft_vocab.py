@@ -49,6 +49,30 @@ def test_automatic_size_drafts_over_part_only_of_a_large_vocabulary():
     assert draft_vocab.wanted_size(384, 1000) is None
 
 
+def test_the_heads_share_is_of_the_bytes_a_step_reads_experts_at_top_k(tmp_path):
+    from mlx.utils import tree_flatten
+
+    from tests.tinyfamilies import build_tiny_family
+
+    build_tiny_family(tmp_path / "moe", "qwen3_next")
+    model = engine.load(str(tmp_path / "moe"))
+    k = model.trunk.args.num_experts_per_tok
+    dense = moe = 0
+    for part in (model.trunk, model.mtp):
+        for name, v in tree_flatten(part.parameters()):
+            if ".switch_mlp." in name:
+                moe += v.nbytes
+            else:
+                dense += v.nbytes
+    head = model.head_rows().weight.nbytes
+    assert moe > 0 and 0 < k < 8
+    assert draft_vocab.head_share(model) == pytest.approx(head / (dense + moe * k / 8))
+    assert draft_vocab.head_share(model) > head / (dense + moe)   # all experts: a smaller share
+    demo = engine.load(engine.resources.default_model_path())
+    weights = sum(v.nbytes for p in (demo.trunk, demo.mtp) for _, v in tree_flatten(p.parameters()))
+    assert draft_vocab.head_share(demo) == pytest.approx(4096 * 192 * 4 / weights)  # tied, float32
+
+
 def test_special_tokens_first_then_the_lowest_ids():
     assert draft_vocab.choose_ids(10, 4, [9, 2, 42]) == [0, 1, 2, 9]
     assert draft_vocab.choose_ids(10, 1, [9, 8]) == [8]  # smaller than the special tokens
