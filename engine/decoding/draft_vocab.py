@@ -179,6 +179,7 @@ def wanted_size(vocab: int, setting: int | None, share: float | None = None) -> 
 
 
 EXPERT_PATHS = (".switch_mlp.", ".experts.")  # MoE expert weights: [experts, ...] each
+_shares: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> head_share
 
 
 def head_share(model) -> float | None:
@@ -187,6 +188,8 @@ def head_share(model) -> float | None:
     (``num_experts_per_tok`` of the text model's args; all of them where it is not given).
     Bytes, not parameter counts, so that a quantized model (packed weights, scales) and a
     float one are judged alike."""
+    if model in _shares:
+        return _shares[model]
     head = model.head_rows()
     if head is None:
         return None
@@ -197,7 +200,8 @@ def head_share(model) -> float | None:
             expert = k and v.ndim >= 3 and any(e in f".{name}" for e in EXPERT_PATHS)
             total += v.nbytes * (min(k, v.shape[0]) / v.shape[0] if expert else 1)
     own = sum(v.nbytes for _, v in tree_flatten(head.parameters()))
-    return own / total if total > 0 and own > 0 else None
+    share = _shares[model] = own / total if total > 0 and own > 0 else None
+    return share
 
 
 def _planned(model) -> tuple[object, int, int] | None:
