@@ -27,10 +27,10 @@ always packs), a weight kept column-major -- its transpose stored contiguously, 
 ``weight`` a transposed view of that, same shape and values -- makes ``x @ weight.T`` a product
 OpenBLAS computes faster: 25-32 % for the demo's LM head at 1-32 rows, 10-20 % for its
 512 x 192 layers (alone, ``docs/benchmarks.md``). A whole reply gains less, 0-10 % at depths
-0 and 3 alike: on the demo the products are about half of a cycle's work. ``adopt`` then lays every plain ``Linear`` out so (no extra memory) and
-gives a tied LM head (``Embedding.as_linear``) a column-major copy where that copy is at most
-``TIED_COPY_MAX`` (the lookup keeps reading rows). ``MTPCHAT_COLUMN_WEIGHTS=0`` turns it off,
-``=1`` on.
+0 and 3 alike: on the demo the products are about half of a cycle's work. ``adopt`` then lays
+every plain ``Linear`` out so (no extra memory) and gives the tied LM head it is shown
+(``Embedding.as_linear``) a column-major copy where that copy is at most ``TIED_COPY_MAX`` (the
+lookup keeps reading rows). ``MTPCHAT_COLUMN_WEIGHTS=0`` turns it off, ``=1`` on.
 """
 from __future__ import annotations
 
@@ -195,10 +195,11 @@ class ColumnEmbedding(nn.Embedding):
         return x @ self._columns
 
 
-def adopt(module: nn.Module) -> int:
+def adopt(module: nn.Module, head: nn.Module | None = None) -> int:
     """Lay ``module``'s plain Linear and Embedding layers out for this BLAS, same weights and
     same parameters: the block products where ``enabled()``, else column-major weights where
-    ``columns_enabled()``. Returns how many layers changed."""
+    ``columns_enabled()`` (of the Embeddings, only ``head``, a tied LM head: the others are
+    only looked up). Returns how many layers changed."""
     if enabled():
         n = 0
         for _name, m in module.named_modules():
@@ -209,10 +210,10 @@ def adopt(module: nn.Module) -> int:
                 m.__class__ = BlockEmbedding
                 n += 1
         return n
-    return _adopt_columns(module) if columns_enabled() else 0
+    return _adopt_columns(module, head) if columns_enabled() else 0
 
 
-def _adopt_columns(module: nn.Module) -> int:
+def _adopt_columns(module: nn.Module, head: nn.Module | None) -> int:
     n = 0
     for _name, m in module.named_modules():
         w = m.get("weight") if type(m) in (nn.Linear, nn.Embedding) else None
@@ -221,7 +222,7 @@ def _adopt_columns(module: nn.Module) -> int:
         if type(m) is nn.Linear:
             m.weight = column_major(w)
             n += 1
-        elif w.nbytes <= TIED_COPY_MAX:
+        elif m is head and w.nbytes <= TIED_COPY_MAX:
             m._columns = mx.contiguous(w.T)
             m.__class__ = ColumnEmbedding
             n += 1

@@ -219,7 +219,7 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
 
     from engine.core.threadexit import note_mlx_thread
     from engine.hub.store import resolve_model
-    from engine.models import cpu_products
+    from engine.models import cpu_products, families
     from engine.models.build import build
     from engine.models.checkpoint import read_checkpoint
 
@@ -234,9 +234,11 @@ def load(path: str | Path, *, dtype: str | None = None, prepare=None) -> Model:
     if dtype is not None:
         _cast(built, getattr(mx, dtype))
     note_mlx_thread()
+    family = families.get(ckpt.config.family)
+    head = family.head_rows(family.text_model(built.trunk))  # a tied head: the embedding
     for part in (built.trunk, built.mtp):  # laid out for OpenBLAS (engine/models/cpu_products.py)
         if part is not None:
-            cpu_products.adopt(part)
+            cpu_products.adopt(part, head)
     try:
         mx.eval(built.trunk.parameters(), built.mtp.parameters() if built.mtp else {},
                 built.vision.parameters() if built.vision is not None else {},

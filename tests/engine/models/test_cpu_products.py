@@ -127,9 +127,12 @@ def test_columns_keep_every_weight_and_product_and_copy_only_a_small_tied_head(
     x = mx.random.normal((5, 32), key=mx.random.key(1))
     ids = mx.array([[3, 0, 63]])
     want = (m.proj(x), m.biased(x), m.embed.as_linear(x), m.big.as_linear(x), m.embed(ids))
-    assert cp.adopt(m) == 3
+    assert cp.adopt(m, head=m.embed) == 3
     assert type(m.proj) is nn.Linear and type(m.biased) is nn.Linear
     assert type(m.embed) is cp.ColumnEmbedding and type(m.big) is nn.Embedding
+    big = Block()
+    assert cp.adopt(big) == 2 and type(big.embed) is nn.Embedding  # not the head: no copy
+    assert cp.adopt(big, head=big.big) == 2 and type(big.big) is nn.Embedding  # over the limit
     assert type(m.quant) is nn.QuantizedLinear
     after = m.parameters()
     assert after.keys() == before.keys()
