@@ -160,9 +160,7 @@ def head_subset(module, ids: mx.array) -> dict | None:
                     biases=None if biases is None else mx.take(biases, ids, axis=0),
                     quant=(module.group_size, module.bits, getattr(module, "mode", "affine")))
     if isinstance(module, (nn.Embedding, nn.Linear)):
-        rows = mx.take(module["weight"], ids, axis=0)
-        return dict(weight=cpu_products.column_major(rows) if cpu_products.columns_enabled()
-                    else rows)
+        return dict(weight=cpu_products.laid_out(mx.take(module["weight"], ids, axis=0)))
     return None
 
 

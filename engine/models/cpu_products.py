@@ -130,6 +130,15 @@ def column_major(weight: mx.array) -> mx.array:
     return mx.contiguous(weight.T).T
 
 
+def laid_out(weight: mx.array) -> mx.array:
+    """``weight`` as this BLAS multiplies it fastest: column-major for a float32 weight where
+    ``columns_enabled()``, else as it is (bfloat16 and float16 products do not go through
+    ``sgemm``: the layout measured the same, so a load does not pay for a copy)."""
+    if weight.dtype == mx.float32 and columns_enabled():
+        return column_major(weight)
+    return weight
+
+
 def _permitted(rows: int, cols: int, inner: int) -> bool:
     """Whether OpenBLAS's permit gives this product (whole) to the small kernel."""
     return rows * cols <= MAX_RN and rows * cols * inner <= MAX_RNK and inner >= 32
@@ -198,7 +207,7 @@ class ColumnEmbedding(nn.Embedding):
 def adopt(module: nn.Module, head: nn.Module | None = None) -> int:
     """Lay ``module``'s plain Linear and Embedding layers out for this BLAS, same weights and
     same parameters: the block products where ``enabled()``, else column-major weights where
-    ``columns_enabled()`` (of the Embeddings, only ``head``, a tied LM head: the others are
+    ``columns_enabled()`` (float32 weights; of the Embeddings, only ``head``, a tied LM head: the others are
     only looked up). Returns how many layers changed."""
     if enabled():
         n = 0
@@ -217,7 +226,7 @@ def _adopt_columns(module: nn.Module, head: nn.Module | None) -> int:
     n = 0
     for _name, m in module.named_modules():
         w = m.get("weight") if type(m) in (nn.Linear, nn.Embedding) else None
-        if w is None or not mx.issubdtype(w.dtype, mx.floating):
+        if w is None or w.dtype != mx.float32:  # (see ``laid_out``)
             continue
         if type(m) is nn.Linear:
             m.weight = column_major(w)

@@ -147,6 +147,15 @@ def test_columns_keep_every_weight_and_product_and_copy_only_a_small_tied_head(
     assert np.array_equal(np.array(got[-1]), np.array(want[-1]))  # the lookup reads rows
 
 
+def test_columns_leave_half_precision_weights_as_they_are(columns_on):
+    lin, emb = nn.Linear(8, 8, bias=False), nn.Embedding(16, 8)
+    lin.weight, emb.weight = lin.weight.astype(mx.bfloat16), emb.weight.astype(mx.float16)
+    w = lin.weight
+    assert cp.adopt(lin) == 0 and cp.adopt(emb, head=emb) == 0
+    assert lin.weight is w and type(emb) is nn.Embedding
+    assert cp.laid_out(w) is w
+
+
 def test_columns_never_with_blocks_and_the_environment_decides(monkeypatch):
     monkeypatch.setitem(cp._state, "on", True)
     monkeypatch.setitem(cp._state, "columns", True)
