@@ -207,8 +207,8 @@ class ColumnEmbedding(nn.Embedding):
 def adopt(module: nn.Module, head: nn.Module | None = None) -> int:
     """Lay ``module``'s plain Linear and Embedding layers out for this BLAS, same weights and
     same parameters: the block products where ``enabled()``, else column-major weights where
-    ``columns_enabled()`` (float32 weights; of the Embeddings, only ``head``, a tied LM head: the others are
-    only looked up). Returns how many layers changed."""
+    ``columns_enabled()`` (float32 weights; of the Embeddings, only ``head``, a tied LM head:
+    the others are only looked up). Returns how many layers changed."""
     if enabled():
         n = 0
         for _name, m in module.named_modules():
