@@ -10,11 +10,16 @@ through HTTP (``/v1/chat/completions``, SSE, greedy):
    (goal >= 0.9) and first burst / one at a time (goal >= 2).
    ``settled``: a third server with the warm-up on whose first burst waits until ``/health``
    says the warm-up finished (what a server started a few seconds before its users sees).
-   Every phase sends questions new to the prompt cache (tagged per phase), so a warm burst
-   prefills as much as the first.
-2. Replies: a server's first ``--depth`` reply right after it listens against its next two
-   (decode tok/s: tokens after the first over the time from the first to the last; goal: the
-   first >= 0.9 x the warm ones).
+   Every phase sends the same questions, so every phase decodes the same greedy replies (the
+   demo's acceptance differs from one question to the next, even with a tag in front: phases
+   of different questions compared their replies as much as the server's warmth), and before
+   each phase but the first ``flush`` sends as many other requests, which push the phase's
+   questions out of the prompt cache (it keeps one conversation per stream of the largest
+   batch it has run; prompts this short never reach the disk cache): every phase prefills as
+   much as the first. The token counts of the phases are printed; they must be equal.
+2. Replies: a server's first ``--depth`` reply right after it listens against the same
+   question asked twice more, each after a ``flush`` (decode tok/s: tokens after the first
+   over the time from the first to the last; goal: the first >= 0.9 x the warm ones).
 
 Every server gets a new empty ``MTPCHAT_HOME`` (``--keep-home``: the environment's), so each
 is a first start on the machine: before, the ``off`` server read the warm-up figures the ``on``
@@ -98,8 +103,8 @@ def stream_chat(url: str, question: str, tokens: int, depth) -> tuple[float, flo
     return t0, first, n, last
 
 
-def burst(url: str, questions: list[str], tokens: int, depth) -> float:
-    """Aggregate tok/s of ``questions`` sent at once."""
+def burst(url: str, questions: list[str], tokens: int, depth) -> tuple[float, int]:
+    """(aggregate tok/s, tokens) of ``questions`` sent at once."""
     out: list = [None] * len(questions)
 
     def one(i: int) -> None:
@@ -110,18 +115,27 @@ def burst(url: str, questions: list[str], tokens: int, depth) -> float:
         t.start()
     for t in threads:
         t.join()
-    return sum(r[2] for r in out) / (max(r[3] for r in out) - t0)
+    n = sum(r[2] for r in out)
+    return n / (max(r[3] for r in out) - t0), n
 
 
-def sequential(url: str, questions: list[str], tokens: int, depth) -> float:
+def sequential(url: str, questions: list[str], tokens: int, depth) -> tuple[float, int]:
+    """(tok/s, tokens) of ``questions`` sent one at a time."""
     t0 = time.perf_counter()
     n = sum(stream_chat(url, q, tokens, depth)[2] for q in questions)
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), n
 
 
-def decode_rate(url: str, question: str, tokens: int, depth) -> float:
+def decode_rate(url: str, question: str, tokens: int, depth) -> tuple[float, int]:
+    """(decode tok/s, tokens) of one reply."""
     _, first, n, last = stream_chat(url, question, tokens, depth)
-    return (n - 1) / (last - first) if last > first and n > 1 else 0.0
+    return ((n - 1) / (last - first) if last > first and n > 1 else 0.0), n
+
+
+def flush(url: str, n: int) -> None:
+    """``n`` other one-token requests at once: the prompt cache keeps one conversation per
+    stream of the largest batch the server has run, so these push out what came before."""
+    burst(url, tagged("flush", n), 1, 0)
 
 
 def wait_warm(url: str, timeout: float = 300.0) -> float:
@@ -143,6 +157,11 @@ def tagged(tag: str, n: int) -> list[str]:
     return [f"({tag}) {QUESTIONS[i % len(QUESTIONS)]}" for i in range(n)]
 
 
+def asked(n: int) -> list[str]:
+    """The ``n`` questions every phase asks."""
+    return [QUESTIONS[i % len(QUESTIONS)] for i in range(n)]
+
+
 def _home(args) -> str | None:
     """A new empty ``MTPCHAT_HOME`` for one server (``--keep-home``: the environment's): a
     server must not start from the warm-up figures (``warmup.json``) or prompt cache an
@@ -156,30 +175,45 @@ def burst_round(model, mode: str, args) -> dict:
     proc, url = start_server(model, mode != "off", ["--max-streams", str(n)], home)
     try:
         waited = wait_warm(url) if mode == "settled" else 0.0
-        first = burst(url, tagged("a", n), args.tokens, args.burst_depth)
-        seq = sequential(url, tagged("b", n), args.tokens, args.burst_depth)
-        warm = statistics.median(burst(url, tagged(t, n), args.tokens, args.burst_depth)
-                                 for t in ("c", "d"))
+        qs, counts, warms = asked(n), [], []
+        first, k = burst(url, qs, args.tokens, args.burst_depth)
+        counts.append(k)
+        flush(url, n)
+        seq, k = sequential(url, qs, args.tokens, args.burst_depth)
+        counts.append(k)
+        for _ in range(2):
+            flush(url, n)
+            rate, k = burst(url, qs, args.tokens, args.burst_depth)
+            warms.append(rate)
+            counts.append(k)
+        warm = statistics.median(warms)
     finally:
         stop_server(proc)
         if home:
             shutil.rmtree(home, ignore_errors=True)
     return {"mode": mode, "first": first, "sequential": seq, "warm": warm, "waited_s": waited,
-            "first/warm": first / warm, "first/sequential": first / seq}
+            "first/warm": first / warm, "first/sequential": first / seq, "tokens": counts}
 
 
 def reply_round(model, mode: str, args) -> dict:
     home = _home(args)
     proc, url = start_server(model, mode != "off", ["--max-streams", str(args.streams)], home)
     try:
-        first = decode_rate(url, tagged("a", 1)[0], args.tokens, args.depth)
-        warm = statistics.median(decode_rate(url, tagged(t, 1)[0], args.tokens, args.depth)
-                                 for t in ("b", "c"))
+        q = asked(1)[0]
+        first, k = decode_rate(url, q, args.tokens, args.depth)
+        counts, warms = [k], []
+        for _ in range(2):
+            flush(url, 1)
+            rate, k = decode_rate(url, q, args.tokens, args.depth)
+            warms.append(rate)
+            counts.append(k)
+        warm = statistics.median(warms)
     finally:
         stop_server(proc)
         if home:
             shutil.rmtree(home, ignore_errors=True)
-    return {"mode": mode, "first": first, "warm": warm, "first/warm": first / warm}
+    return {"mode": mode, "first": first, "warm": warm, "first/warm": first / warm,
+            "tokens": counts}
 
 
 def _print(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
