@@ -66,16 +66,25 @@ class Admission:
             if st.reused < len(st.prompt):
                 yield from st.session.prefill_chunks(st.prompt[st.reused:], st.images)
             return
+        if self.share is None and not st.images:
+            # one forward over the chunk that holds the checkpoint where the model can give
+            # the state inside it (else two, in one step: ``Session.prefill_chunks``)
+            for fed in st.session.prefill_chunks(st.prompt[st.reused:], mark=cut - st.reused):
+                if st.checkpoint is None and st.session.marked is not None:
+                    st.checkpoint = st.session.marked
+                    self.carryover.prompt_cache.keep(st.checkpoint)
+                yield fed
+            return
         chunks = st.session.prefill_chunks(st.prompt[st.reused:cut], st.images)
         fed = next(chunks)
         for later in chunks:  # every chunk but the last gets its own step
             yield fed
             fed = later
+        # On a cluster every rank must evaluate the same collectives in the same order. A
+        # pipeline rank's next forward does not depend on this one's send to the next rank,
+        # so with both forwards queued lazily that send is never run and the next rank waits
+        # for it forever: evaluate the prefix here, as every chunk but the last.
         if self.share is not None:
-            # On a cluster every rank must evaluate the same collectives in the same order. A
-            # pipeline rank's next forward does not depend on this one's send to the next
-            # rank, so with both forwards queued lazily that send is never run and the next
-            # rank waits for it forever: evaluate the prefix here, as every chunk but the last.
             st.session.settle()
         st.checkpoint = st.session.snapshot()
         self.carryover.prompt_cache.keep(st.checkpoint)

@@ -42,7 +42,7 @@ class Snapshot:
 def _cache_state(cache: list) -> list:
     out = []
     for c in cache:
-        if hasattr(c, "offset") and hasattr(c, "keys"):
+        if _is_kv(c):
             out.append(("kv", c.keys, c.values, c.offset))
         else:
             out.append(("arr", list(c.cache)))
@@ -75,6 +75,7 @@ class Session:
     lineage: int = field(default_factory=lambda: next(_lineages))
     rope_delta: int = 0   # see ``Snapshot``; every attention cache carries it too
     media: tuple = ()
+    marked: Snapshot | None = None  # ``prefill_chunks``'s state at its ``mark``
 
     @classmethod
     def fresh(cls, model, *, use_mtp: bool) -> "Session":
@@ -158,34 +159,84 @@ class Session:
         holds every collective of a cluster's forwards)."""
         mx.eval([c.state for c in self.trunk_cache] + [self.last_hidden])
 
-    def prefill_chunks(self, tokens: list[int], images=()) -> Iterator[int]:
+    def prefill_chunks(self, tokens: list[int], images=(), mark: int | None = None,
+                       ) -> Iterator[int]:
         """``prefill`` one chunk at a time: yields the tokens fed so far after each chunk
         (every chunk but the last is evaluated before the yield), so a caller can run other
         work between chunks (``engine.decoding.admission``: a joining stream never stalls the batch
         for more than one chunk). ``images``: the prompt's placed images
         (``engine.vision.prompt.PlacedImage``); a span holding one is fed by
-        ``engine.vision.prefill`` (embeddings spliced in, M-RoPE positions)."""
+        ``engine.vision.prefill`` (embeddings spliced in, M-RoPE positions).
+
+        ``mark`` (0 < mark < len(tokens), no images): ``marked`` becomes the state after the
+        first ``mark`` tokens (a ``Snapshot``), by the end of the chunk that holds them: taken
+        inside that chunk's forward where the model can (``Model.marks``), else by splitting
+        the chunk there into two forwards, without a yield between them."""
+        self.marked = None
         if images:
+            if mark is not None:
+                raise ValueError("a prefill with images takes no mark")
             from engine.vision import prefill as vision_prefill
 
             inside = vision_prefill.span_images(self, tokens, images)
             if inside:
                 yield from vision_prefill.prefill_chunks(self, tokens, inside, PREFILL_CHUNK)
                 return
-        model = self.model
-        for i in range(0, len(tokens), PREFILL_CHUNK):
-            chunk = tokens[i:i + PREFILL_CHUNK]
-            h, _ = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache)
-            self._queue_pairs(chunk, h)
-            self.last_hidden = h[:, -1:]
-            self.fed.extend(chunk)
-            if self.use_mtp:
-                self.flush_pending()
-            if i + PREFILL_CHUNK < len(tokens):
+        i = 0
+        while i < len(tokens):
+            j = min(i + PREFILL_CHUNK, len(tokens))
+            inner = mark if mark is not None and i < mark < j else None
+            if inner is not None and not self.model.marks(j - i):
+                j, inner = mark, None  # split: this part, then the rest in the same step
+            self._feed(tokens[i:j], None if inner is None else inner - i, last=j == len(tokens))
+            if j == mark:
+                self.marked = self.snapshot()
+            elif j < len(tokens):
                 self.settle()
-            else:
-                self.last_logits = model.lm_head(self.last_hidden[:, -1])
-            yield i + len(chunk)
+            if j != mark:
+                yield j
+            i = j
+
+    def _feed(self, chunk: list[int], mark: int | None, *, last: bool) -> None:
+        """One forward over ``chunk`` (``mark``: ``marked`` is the state after that many of
+        its tokens); ``last``: the prompt's last chunk (its logits are drawn from)."""
+        model = self.model
+        if mark is None:
+            h, _ = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache)
+        else:
+            h, caps = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache, mark=mark)
+        self._queue_pairs(chunk, h)
+        self.last_hidden = h[:, -1:]
+        self.fed.extend(chunk)
+        if self.use_mtp:
+            self.flush_pending()
+        if mark is not None:
+            self.marked = self._snapshot_back(len(chunk) - mark, h, caps)
+        # logits only after the prompt's last chunk (None between: a snapshot taken there must
+        # not carry an earlier position's)
+        self.last_logits = model.lm_head(self.last_hidden[:, -1]) if last else None
+
+    def _snapshot_back(self, back: int, h: mx.array, caps: dict) -> Snapshot:
+        """The state ``back`` tokens before the end of what was fed, by the last forward
+        (its hiddens ``h``; ``caps``: each GDN layer's state there): every attention cache's
+        prefix (the same buffers: this lineage's), the MTP cache without the last ``back``
+        pairs (those whose target token lies past the mark; none is pending after a chunk)."""
+        trunk = [("kv", c.keys, c.values, c.offset - back) if _is_kv(c) else
+                 ("arr", [caps[i].conv[0], caps[i].state[0]])
+                 for i, c in enumerate(self.trunk_cache)]
+        mtp = None if not self.mtp_cache else \
+            [("kv", c.keys, c.values, c.offset - back) for c in self.mtp_cache]
+        S = h.shape[1]
+        return Snapshot(
+            fed=tuple(self.fed[:len(self.fed) - back]), trunk_state=trunk, mtp_state=mtp,
+            mtp_rows=self.mtp_rows - back if mtp else self.mtp_rows, pending_h=None,
+            pending_tok=(), last_hidden=h[:, S - back - 1:S - back], last_logits=None,
+            mtp_ok=self.mtp_ok, lineage=self.lineage, rope_delta=self.rope_delta,
+            media=tuple(self.media))
+
+
+def _is_kv(cache) -> bool:
+    return hasattr(cache, "offset") and hasattr(cache, "keys")
 
 
 @dataclass

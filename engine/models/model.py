@@ -51,9 +51,19 @@ class Model:
     def make_cache(self) -> list:
         return self.family.make_cache(self.trunk)
 
-    def forward_hidden(self, inputs, cache: list, *, capture: bool = False):
-        """(trunk hidden after the final norm, per-step captures) for ``inputs`` [B, S]."""
-        return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture)
+    def forward_hidden(self, inputs, cache: list, *, capture: bool = False,
+                       mark: int | None = None):
+        """(trunk hidden after the final norm, per-step captures) for ``inputs`` [B, S];
+        ``mark``: the recurrent layers' states after that many tokens instead (``marks``)."""
+        if mark is None:
+            return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture)
+        return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture,
+                                          mark=mark)
+
+    def marks(self, tokens: int, images: bool = False) -> bool:
+        """Whether a prompt chunk of ``tokens`` can give its state inside (``forward_hidden``'s
+        ``mark``) on this model and device."""
+        return self.family.marks(tokens, images)
 
     def lm_head(self, h):
         return self.family.lm_head(self.text_model, h)

@@ -180,18 +180,32 @@ def _gdn_out(gdn, out: mx.array, z: mx.array) -> mx.array:
     return out
 
 
-def gdn_prefill(gdn, x: mx.array, cache, project=split_projections) -> mx.array:
+def gdn_prefill(gdn, x: mx.array, cache, project=split_projections, mark: int | None = None,
+                ) -> tuple[mx.array, GDNCapture | None]:
     """A GatedDeltaNet over a prompt chunk ``x`` [B, S, D] with its recurrence in chunks
     (``gdn_chunked``; mlx-lm's layer runs it one token at a time off Metal); leaves the cache
-    as mlx-lm's layer does (the last conv window, the final state)."""
+    as mlx-lm's layer does (the last conv window, the final state). With ``mark`` (0 < mark <
+    S) the recurrence runs in two parts split there, and the layer's state after ``mark``
+    tokens comes back too (a one-step ``GDNCapture``); else None."""
     conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project,
                                                functools.partial(gdn_chunked.depthwise_conv,
                                                                  gdn.conv1d))
-    out, state = gdn_chunked.chunked_gated_delta(
-        q, k, v, gdn_chunked.log_decay(gdn.A_log, a, gdn.dt_bias), mx.sigmoid(b), cache[1])
-    cache[0] = mx.contiguous(conv_input[:, -(gdn.conv_kernel_size - 1):, :])
+    log_g, beta = gdn_chunked.log_decay(gdn.A_log, a, gdn.dt_bias), mx.sigmoid(b)
+    n_keep = gdn.conv_kernel_size - 1
+    cap = None
+    if mark is None:
+        out, state = gdn_chunked.chunked_gated_delta(q, k, v, log_g, beta, cache[1])
+    else:
+        parts = [(q[:, i:j], k[:, i:j], v[:, i:j], log_g[:, i:j], beta[:, i:j])
+                 for i, j in ((0, mark), (mark, q.shape[1]))]
+        first, mid = gdn_chunked.chunked_gated_delta(*parts[0], cache[1])
+        second, state = gdn_chunked.chunked_gated_delta(*parts[1], mid)
+        out = mx.concatenate([first, second], axis=1)
+        cap = GDNCapture(conv=[mx.contiguous(conv_input[:, mark:mark + n_keep, :])],
+                         state=[mid])
+    cache[0] = mx.contiguous(conv_input[:, -n_keep:, :])
     cache[1] = state
-    return _gdn_out(gdn, out, z)
+    return _gdn_out(gdn, out, z), cap
 
 
 def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
@@ -479,15 +493,31 @@ CHUNKED_PREFILL_MIN = 8
 
 
 def linear_prefill(layer, x: mx.array, cache, cpu: bool | None = None,
-                   project=split_projections) -> mx.array:
-    """mlx-lm's GDN decoder layer over a prompt chunk, its recurrence chunked (``gdn_prefill``)."""
-    h = x + gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project)
-    return mlp_block(layer, h, cpu)
+                   project=split_projections, mark: int | None = None,
+                   ) -> tuple[mx.array, GDNCapture | None]:
+    """mlx-lm's GDN decoder layer over a prompt chunk, its recurrence chunked (``gdn_prefill``;
+    ``mark``: its state there too)."""
+    out, cap = gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project, mark)
+    return mlp_block(layer, x + out, cpu), cap
+
+
+def marks(inputs_len: int, images: bool = False) -> bool:
+    """Whether ``forward_hidden`` can return the state inside a prompt chunk of this many
+    tokens (``mark``): the CPU branch's chunked prefill, without images."""
+    return device.is_cpu() and not images and inputs_len >= CHUNKED_PREFILL_MIN
+
+
+def _check_mark(mark: int | None, chunked: bool, tokens: int) -> None:
+    if mark is not None and not (chunked and 0 < mark < tokens):
+        raise ValueError(f"no state at {mark} of {tokens} tokens here: see marks()")
 
 
 def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool = False,
-                   project=split_projections) -> tuple[mx.array, dict[int, GDNCapture]]:
+                   project=split_projections, mark: int | None = None,
+                   ) -> tuple[mx.array, dict[int, GDNCapture]]:
     """Run the trunk on ``inputs`` [B, S]; return (hidden after the final norm, captures).
+    ``mark`` (0 < mark < S, where ``marks`` holds): the captures are each GDN layer's state
+    after ``mark`` tokens (one step); the attention layers' state there is their prefix.
 
     With ``capture`` the GDN layers record their per-step states (keyed by layer index);
     the attention layers append to their KV caches as usual (trimmed by the caller). With
@@ -517,6 +547,7 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
         x = mx.distributed.recv_like(x, rank + 1)
     fused = capture or inputs.shape[1] == 1
     chunked = cpu and not capture and inputs.shape[1] >= CHUNKED_PREFILL_MIN
+    _check_mark(mark, chunked and ssm_mask is None, inputs.shape[1])
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
@@ -524,7 +555,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
                 x = attention_layer(layer, x, fa_mask, c, cpu)
                 continue
             if layer.is_linear and chunked and ssm_mask is None:
-                x = linear_prefill(layer, x, c, cpu, project)
+                x, cap = linear_prefill(layer, x, c, cpu, project, mark)
+                if cap is not None:
+                    captures[i] = cap
                 continue
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue

@@ -52,8 +52,16 @@ class Family(ABC):
         return make_prompt_cache(trunk)
 
     @abstractmethod
-    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False):
-        """(hidden after the final norm [B, S, H], captures) for ``inputs`` [B, S]."""
+    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False,
+                       mark: int | None = None):
+        """(hidden after the final norm [B, S, H], captures) for ``inputs`` [B, S]; ``mark``
+        (where ``marks`` says so): the captures are the recurrent layers' states after that
+        many tokens (``engine.models.trunk.forward_hidden``)."""
+
+    def marks(self, tokens: int, images: bool = False) -> bool:
+        """Whether ``forward_hidden`` can give the state inside a prompt chunk of ``tokens``
+        (else a caller that needs it there splits the chunk in two forwards)."""
+        return False
 
     def lm_head(self, text_model, h):
         if getattr(text_model.args, "tie_word_embeddings", False):

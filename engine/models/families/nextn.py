@@ -178,9 +178,10 @@ class NextNFamily(Family):
         return head
 
     # -- the trunk and the head -------------------------------------------------------------
-    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False):
+    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False,
+                       mark: int | None = None):
         """mlx-lm's own forward (attention only: nothing to capture; a rejected draft is a
-        KV trim)."""
+        KV trim). ``marks`` is False: never asked for a ``mark``."""
         return text_model.model(inputs, cache), {}
 
     def lm_head(self, text_model, h):

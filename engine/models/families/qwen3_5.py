@@ -39,8 +39,12 @@ class Qwen35(Family):
     def make_cache(self, trunk) -> list:
         return trunk.make_cache()
 
-    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False):
-        return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture)
+    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False,
+                       mark: int | None = None):
+        return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture, mark=mark)
+
+    def marks(self, tokens: int, images: bool = False) -> bool:
+        return trunk_ops.marks(tokens, images)
 
     def lm_head(self, text_model, h):
         return trunk_ops.lm_head(text_model, h)

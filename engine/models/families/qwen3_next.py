@@ -46,9 +46,13 @@ class Qwen3Next(Qwen35):
     def text_model(self, trunk):
         return trunk
 
-    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False):
+    def forward_hidden(self, text_model, inputs, cache: list, *, capture: bool = False,
+                       mark: int | None = None):
         return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture,
-                                        project=fused_projections)
+                                        project=fused_projections, mark=mark)
+
+    def marks(self, tokens: int, images: bool = False) -> bool:
+        return trunk_ops.marks(tokens, images)
 
     def head_args(self, cfg):
         from mlx_lm.models import qwen3_next
