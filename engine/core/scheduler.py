@@ -280,12 +280,16 @@ class Scheduler:
         own tokenizer copy, so decoding goes on meanwhile); a model without one (the tests'
         scripted fakes) is passed itself, while no generator step runs."""
         self._ready.wait()
-        with self._tok_lock:
-            model = self.model
-            if model is None:
-                raise SchedulerClosed("no model is loaded")
-            view = model.prompt_view() if hasattr(model, "prompt_view") else None
-            if view is None:
+        # One read of the model, without waiting for the step that runs: its view was made
+        # before it was set (``_prepare_view``), so the two are a pair. (Waiting for the step
+        # held every request of a burst back by up to one prefill or cycle each.)
+        model = self.model
+        view = model.prompt_view() if hasattr(model, "prompt_view") else None
+        if view is None:
+            with self._tok_lock:
+                model = self.model
+                if model is None:
+                    raise SchedulerClosed("no model is loaded")
                 return fn(model)
         with view.lock:
             return fn(view)
@@ -473,7 +477,9 @@ class Scheduler:
     def _batch_step(self, dec, live: dict) -> bool:
         """One ``dec.step()``, its events to their sinks; False when it failed (every request
         in it has then ended with ``Failed``)."""
-        for part in (dec.admit_step, dec.cycle_step):  # first tokens go out before the cycle
+        parts = getattr(dec, "parts", None)  # a cluster's decoder admits one per step
+        for part in parts() if parts else (dec.admit_step, dec.cycle_step):
+            # first tokens go out before the cycle
             try:
                 with self._tok_lock:
                     events = part()

@@ -26,6 +26,7 @@ class Admission:
         self.use_mtp = use_mtp
         self.waiting: deque[Stream] = deque()
         self.joining: Stream | None = None
+        self.fed = 0  # prompt tokens prefilled so far (``fits`` budgets a step by them)
 
     def __len__(self) -> int:
         return len(self.waiting) + (self.joining is not None)
@@ -51,10 +52,20 @@ class Admission:
                                                                self.use_mtp, st.media)
             st.prefill = self._prefill(st)
         st = self.joining
-        if next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt):
+        before = len(st.session.fed)
+        more = next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt)
+        self.fed += len(st.session.fed) - before
+        if more:
             return None  # more chunks to go: the batch runs a cycle meanwhile
         self.joining = None
         return st
+
+    def fits(self, budget: int, *, room: bool) -> bool:
+        """Whether the stream next in line would start and finish its prefill within
+        ``budget`` prompt tokens (its whole prompt counted: what the prompt cache holds is
+        known once it starts), with ``room`` for it in the batch and none prefilling."""
+        return (room and self.joining is None and bool(self.waiting)
+                and len(self.waiting[0].prompt) <= budget)
 
     def _prefill(self, st: Stream):
         """The prompt's chunks, one admission step each; at the carryover's checkpoint

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
@@ -36,12 +36,14 @@ from engine.decoding.checks import check_prompt, check_request
 from engine.decoding.drafters import Drafter
 from engine.decoding.plan import Cycle, RowResult
 from engine.decoding.reply import Reply
+from engine.decoding.session import PREFILL_CHUNK
 from engine.decoding.stream import RECENT, Row, Stream, new_id
 from engine.errors import GenerationError
 from engine.sampling.grammar import Constraint
 from engine.types import Depth, DraftMode, Event, SamplingParams
 
 DEFAULT_STREAMS = 8
+PREFILL_BUDGET = PREFILL_CHUNK  # prompt tokens one step prefills, over every stream it admits
 
 Emitted = list[tuple[Stream, Event]]
 
@@ -131,8 +133,25 @@ class BatchDecoder:
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> Emitted:
-        """``admit_step()`` then ``cycle_step()``; returns their events, in order."""
-        return self.admit_step() + self.cycle_step()
+        """The step's ``parts()``; returns their events, in order."""
+        return [e for part in self.parts() for e in part()]
+
+    def parts(self) -> Iterator[Callable[[], Emitted]]:
+        """One step, as the calls a caller makes in turn (handing out each one's events
+        before the next): ``admit_step``, again while the prompt next in line fits in what is
+        left of ``PREFILL_BUDGET`` prompt tokens this step (short prompts that arrive together
+        join the batch together, not one cycle apart each: the others' next tokens wait at most
+        as long as for one full chunk), then ``cycle_step``."""
+        budget = PREFILL_BUDGET
+        while True:
+            fed = self.admission.fed
+            yield self.admit_step
+            if self.admission.fed == fed:  # nothing prefilled (none waited, or all cached)
+                break
+            budget -= self.admission.fed - fed
+            if not self.admission.fits(budget, room=len(self.active) < self.max_streams):
+                break
+        yield self.cycle_step
 
     def run(self) -> Iterator[tuple[Stream, Event]]:
         """``step()`` until every stream has finished."""

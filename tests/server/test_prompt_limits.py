@@ -149,3 +149,31 @@ def test_tokenizing_a_request_never_waits_for_decoding_nor_decoding_for_it(refer
         assert released and finished < released[0], "the reply waited for the rendering"
     finally:
         s.stop()
+
+
+def test_rendering_a_request_never_waits_for_the_step_that_runs(reference):
+    """A request that arrives while a generator step runs renders at once (it used to wait
+    for the step's lock, so a burst's requests reached the batch one prefill or cycle apart
+    each)."""
+    from engine.core.scheduler import Scheduler
+
+    s = Scheduler(model=reference, max_streams=8).start()
+    try:
+        s.with_tokenizer(lambda m: None)  # the model's PromptView exists from here on
+        held, release = threading.Event(), threading.Event()
+
+        def step_that_runs():
+            with s._tok_lock:  # noqa: SLF001 - what a generator step holds
+                held.set()
+                release.wait(10)
+        blocker = threading.Thread(target=step_that_runs, daemon=True)
+        blocker.start()
+        assert held.wait(10)
+        t0 = time.perf_counter()
+        ids = s.with_tokenizer(lambda v: v.chat_ids([{"role": "user", "content": "hi"}]))
+        assert ids and time.perf_counter() - t0 < 5
+        assert blocker.is_alive()  # the step was still running
+        release.set()
+        blocker.join(10)
+    finally:
+        s.stop()

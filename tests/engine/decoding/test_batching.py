@@ -509,3 +509,40 @@ def test_a_plain_batch_switches_to_speculation_and_back(tiny_model, monkeypatch)
     for s, ref in zip(streams, refs):
         assert got[s.id] == ref, s.depth
     assert ran["plain"] > 10 and ran["full"] >= 2, ran
+
+
+def test_short_prompts_that_arrive_together_join_in_one_step(tiny_model, monkeypatch):
+    """Prompts waiting together are prefilled in one step while they fit ``PREFILL_BUDGET``
+    prompt tokens (each first token handed out as it comes), so they join the batch together;
+    past the budget the next waits for the next step. Replies are unchanged."""
+    from engine.decoding import decoder as decoder_mod
+
+    ps = prompts(4, seed=41)
+    refs = [alone(tiny_model, p, depth=2, max_tokens=9) for p in ps]
+    carryover_of(tiny_model).reset_prompt_cache()
+    dec = BatchDecoder(tiny_model, max_streams=4)
+    streams = [dec.add(p, depth=2, max_tokens=9) for p in ps]
+    got = {s.id: [] for s in streams}
+    names, first = [], []
+    for part in dec.parts():  # the generator decides the next part after each call
+        names.append(part.__name__)
+        for st, ev in part():
+            got[st.id].extend(ev.token_ids)
+            if part.__name__ == "admit_step":
+                first.append(st.id)
+    assert names == ["admit_step"] * 4 + ["cycle_step"]
+    assert len(first) == 4 and len(dec.active) == 4
+    for st, ev in dec.run():
+        got[st.id].extend(ev.token_ids)
+    assert [got[s.id] for s in streams] == refs
+
+    carryover_of(tiny_model).reset_prompt_cache()
+    monkeypatch.setattr(decoder_mod, "PREFILL_BUDGET", len(ps[0]) + len(ps[1]) - 1)
+    dec = BatchDecoder(tiny_model, max_streams=4)
+    for p in ps[:2]:
+        dec.add(p, depth=2, max_tokens=9)
+    joined = []
+    for part in dec.parts():
+        part()
+        joined.append(len(dec.active))
+    assert joined == [1, 1]  # one admission, then the cycle: the second did not fit
