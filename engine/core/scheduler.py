@@ -277,20 +277,16 @@ class Scheduler:
 
     def with_tokenizer(self, fn: Callable[[object], object]):
         """``fn(view)`` on the calling thread: ``view`` is the model's ``prompt_view()`` (its
-        own tokenizer copy, so decoding goes on meanwhile); a model without one (the tests'
-        scripted fakes) is passed itself, while no generator step runs."""
+        own tokenizer copy: decoding goes on meanwhile; a model without one, as the tests'
+        scripted fakes, is passed itself while no generator step runs)."""
         self._ready.wait()
-        # One read of the model, without waiting for the step that runs: its view was made
-        # before it was set (``_prepare_view``), so the two are a pair. (Waiting for the step
-        # held every request of a burst back by up to one prefill or cycle each.)
-        model = self.model
+        model = self.model  # not waiting for the running step: its view was made first
         view = model.prompt_view() if hasattr(model, "prompt_view") else None
         if view is None:
             with self._tok_lock:
-                model = self.model
-                if model is None:
+                if self.model is None:
                     raise SchedulerClosed("no model is loaded")
-                return fn(model)
+                return fn(self.model)
         with view.lock:
             return fn(view)
 
@@ -478,8 +474,7 @@ class Scheduler:
         """One ``dec.step()``, its events to their sinks; False when it failed (every request
         in it has then ended with ``Failed``)."""
         parts = getattr(dec, "parts", None)  # a cluster's decoder admits one per step
-        for part in parts() if parts else (dec.admit_step, dec.cycle_step):
-            # first tokens go out before the cycle
+        for part in parts() if parts else (dec.admit_step, dec.cycle_step):  # 1st tokens 1st
             try:
                 with self._tok_lock:
                     events = part()
