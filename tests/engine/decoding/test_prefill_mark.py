@@ -6,21 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine
 from engine.core.carryover import Carryover
 from engine.decoding.session import Session, Snapshot
-from engine.resources import default_model_path
-from engine.types import SamplingParams
-
-GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def demo():
-    path = default_model_path()
-    if not (path / "model.safetensors").is_file():
-        pytest.skip(f"the embedded demo model is missing: {path}")
-    return engine.load(path)
+from tests.engine.decoding.test_multiturn_demo import GREEDY, demo  # noqa: F401 - the fixture
 
 
 def _count_forwards(model, monkeypatch) -> list:
