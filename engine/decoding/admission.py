@@ -2,8 +2,9 @@
 
 Streams wait in arrival order. While a row is free, the stream at the head of the line is
 resumed from the carryover's longest snapshot (``core.carryover.Carryover.session_for``) and
-prefilled one chunk per step (``Session.prefill_chunks``), so a long new prompt stalls the
-batch's other rows for one chunk at a time. When its prompt is done it draws its first token
+prefilled one chunk per admission (``Session.prefill_chunks``), so a long new prompt stalls the
+batch's other rows for one chunk at a time (a step admits again while the next short prompt
+fits the same budget: ``BatchDecoder.parts``). When its prompt is done it draws its first token
 (its first key) and is ready to join the batch as a row.
 """
 from __future__ import annotations

@@ -2,7 +2,8 @@
 batch of one) or with up to ``max_streams`` others, each with its own prompt, sampling, seed,
 stop strings, depth (fixed or auto), drafter, draft mode, grammar, budget and cancel flag.
 
-Each ``step()`` is ``admit_step()`` then ``cycle_step()``:
+Each ``step()`` is ``admit_step()`` (again while the prompt next in line fits what is left of
+``PREFILL_BUDGET`` tokens: ``parts()``) then ``cycle_step()``:
 
 1. admission (``admission``): cancelled streams end (their state goes to the prompt cache);
    one prefill chunk of the stream at the head of the line; a stream whose prompt is done
