@@ -201,10 +201,7 @@ class Session:
         """One forward over ``chunk`` (``mark``: ``marked`` is the state after that many of
         its tokens); ``last``: the prompt's last chunk (its logits are drawn from)."""
         model = self.model
-        if mark is None:
-            h, _ = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache)
-        else:
-            h, caps = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache, mark=mark)
+        h, caps = model.forward_hidden(mx.array(chunk)[None], self.trunk_cache, mark=mark)
         self._queue_pairs(chunk, h)
         self.last_hidden = h[:, -1:]
         self.fed.extend(chunk)

@@ -55,15 +55,13 @@ class Model:
                        mark: int | None = None):
         """(trunk hidden after the final norm, per-step captures) for ``inputs`` [B, S];
         ``mark``: the recurrent layers' states after that many tokens instead (``marks``)."""
-        if mark is None:
-            return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture)
         return self.family.forward_hidden(self.text_model, inputs, cache, capture=capture,
                                           mark=mark)
 
-    def marks(self, tokens: int, images: bool = False) -> bool:
+    def marks(self, tokens: int) -> bool:
         """Whether a prompt chunk of ``tokens`` can give its state inside (``forward_hidden``'s
         ``mark``) on this model and device."""
-        return self.family.marks(tokens, images)
+        return self.family.marks(tokens)
 
     def lm_head(self, h):
         return self.family.lm_head(self.text_model, h)

@@ -501,10 +501,10 @@ def linear_prefill(layer, x: mx.array, cache, cpu: bool | None = None,
     return mlp_block(layer, x + out, cpu), cap
 
 
-def marks(inputs_len: int, images: bool = False) -> bool:
+def marks(tokens: int) -> bool:
     """Whether ``forward_hidden`` can return the state inside a prompt chunk of this many
-    tokens (``mark``): the CPU branch's chunked prefill, without images."""
-    return device.is_cpu() and not images and inputs_len >= CHUNKED_PREFILL_MIN
+    tokens (``mark``): the CPU branch's chunked prefill (a prompt with images never asks)."""
+    return device.is_cpu() and tokens >= CHUNKED_PREFILL_MIN
 
 
 def _check_mark(mark: int | None, chunked: bool, tokens: int) -> None:

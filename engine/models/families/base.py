@@ -58,7 +58,7 @@ class Family(ABC):
         (where ``marks`` says so): the captures are the recurrent layers' states after that
         many tokens (``engine.models.trunk.forward_hidden``)."""
 
-    def marks(self, tokens: int, images: bool = False) -> bool:
+    def marks(self, tokens: int) -> bool:
         """Whether ``forward_hidden`` can give the state inside a prompt chunk of ``tokens``
         (else a caller that needs it there splits the chunk in two forwards)."""
         return False

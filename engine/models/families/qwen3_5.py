@@ -43,8 +43,8 @@ class Qwen35(Family):
                        mark: int | None = None):
         return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture, mark=mark)
 
-    def marks(self, tokens: int, images: bool = False) -> bool:
-        return trunk_ops.marks(tokens, images)
+    def marks(self, tokens: int) -> bool:
+        return trunk_ops.marks(tokens)
 
     def lm_head(self, text_model, h):
         return trunk_ops.lm_head(text_model, h)

@@ -51,9 +51,6 @@ class Qwen3Next(Qwen35):
         return trunk_ops.forward_hidden(text_model, inputs, cache, capture=capture,
                                         project=fused_projections, mark=mark)
 
-    def marks(self, tokens: int, images: bool = False) -> bool:
-        return trunk_ops.marks(tokens, images)
-
     def head_args(self, cfg):
         from mlx_lm.models import qwen3_next
 
