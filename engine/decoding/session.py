@@ -173,9 +173,10 @@ class Session:
         inside that chunk's forward where the model can (``Model.marks``), else by splitting
         the chunk there into two forwards, without a yield between them."""
         self.marked = None
+        if mark is not None and (images or not 0 < mark < len(tokens)):
+            raise ValueError(f"no mark at {mark} of {len(tokens)} tokens"
+                             + (" with images" if images else ""))
         if images:
-            if mark is not None:
-                raise ValueError("a prefill with images takes no mark")
             from engine.vision import prefill as vision_prefill
 
             inside = vision_prefill.span_images(self, tokens, images)
