@@ -67,11 +67,12 @@ def _cpu(cpu: bool | None) -> bool:
 
 
 def _recurrence_steps(gdn, q, k, v, a, b, state, cpu: bool | None = None,
-                      ) -> tuple[list[mx.array], list[mx.array]]:
-    """The gated delta rule one step at a time, keeping every state. On the "metal" branch
-    each step is mlx-lm's ``gated_delta_update`` (its kernel on a Metal GPU, else its ops
-    fallback); on the "cpu" branch gates are computed once and each step is mlx-lm's compiled
-    step op (the same arithmetic plain decoding runs)."""
+                      ) -> tuple[mx.array, list[mx.array]]:
+    """The gated delta rule one step at a time, keeping every state: (out [B, S, H, Dv], the
+    state after each step). On the "metal" branch each step is mlx-lm's
+    ``gated_delta_update`` (its kernel on a Metal GPU, else its ops fallback); on the "cpu"
+    branch gates are computed once and each step is mlx-lm's compiled step op (the same
+    arithmetic plain decoding runs)."""
     S = q.shape[1]
     outs, states = [], []
     if not _cpu(cpu):
@@ -81,7 +82,7 @@ def _recurrence_steps(gdn, q, k, v, a, b, state, cpu: bool | None = None,
                 gdn.A_log, gdn.dt_bias, state, None, use_kernel=True)
             outs.append(o)
             states.append(state)
-        return outs, states
+        return _joined(outs), states
     beta = mx.sigmoid(b)
     g = compute_g(gdn.A_log, a, gdn.dt_bias)
     if state is None:
@@ -96,30 +97,40 @@ def _recurrence_steps(gdn, q, k, v, a, b, state, cpu: bool | None = None,
         y, state = _step_ops(q[:, j], k[:, j], v[:, j], g[:, j], beta[:, j], state, None)
         outs.append(y[:, None])
         states.append(state)
-    return outs, states
+    return _joined(outs), states
 
 
-def _split_steps(q, k, v, g, beta, state) -> tuple[list[mx.array], list[mx.array]]:
-    """``_step_ops``'s arithmetic over S steps, op for op (so the same bits: tested), on
-    inputs split once with the step axis kept and broadcast: a step's operands are pieces of
-    one ``split`` each instead of a slice, a squeeze and an expand apiece. MLX evaluates every
-    view as a graph node of its own, and on the CPU each node costs a few microseconds
-    however little it computes: a 4-token verify forward of the demo had 1,380 nodes against
-    728 for one token, most of the difference those views. q, k: [B, S, H, Dk] (repeated to
-    v's heads), v: [B, S, H, Dv], g and beta: [B, S, H], state: [B, H, Dv, Dk] (float32)."""
+def _joined(outs: list[mx.array]) -> mx.array:
+    return mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
+
+
+def _split_steps(q, k, v, g, beta, state) -> tuple[mx.array, list[mx.array]]:
+    """``_step_ops``'s arithmetic over S steps, value for value (so the same bits: tested),
+    in fewer graph nodes. MLX evaluates every node, a view included, at a few microseconds
+    on the CPU however little it computes (a 4-token verify forward of the demo had 1,380
+    nodes against 728 for one token), so:
+    - the inputs are split once with the step axis kept and broadcast (no slice, squeeze
+      and expand per step);
+    - a step is two fused kernels and a sum: ``(state * g) * k`` summed to ``kv_mem``, then
+      ``g * state + k * ((v - kv_mem) * beta)``, the decay recomputed in the second kernel
+      (IEEE products commute, and the operands are written in another order so the compiler
+      does not merge the two decays into one stored array);
+    - the outputs ``(state * q).sum(-1)`` of all S steps are one product and one sum over
+      the concatenated states.
+    q, k: [B, S, H, Dk] (repeated to v's heads), v: [B, S, H, Dv], g and beta: [B, S, H],
+    state: [B, H, Dv, Dk] (float32) -> (out [B, S, H, Dv] in q's dtype, the S states)."""
     S = q.shape[1]
-    parts = (g[..., None, None], k[..., None, :], q[..., None, :], v, beta[..., None])
-    gs, ks, qs, vs, bs = (mx.split(p, S, axis=1) if S > 1 else [p] for p in parts)
+    parts = (g[..., None, None], k[..., None, :], v[..., None], beta[..., None, None])
+    gs, ks, vs, bs = (mx.split(p, S, axis=1) if S > 1 else [p] for p in parts)
     state = state[:, None]  # [B, 1, H, Dv, Dk]
-    outs, states = [], []
+    kept = []
     for j in range(S):
-        state = state * gs[j]
-        kv_mem = (state * ks[j]).sum(axis=-1)
-        delta = (vs[j] - kv_mem) * bs[j]
-        state = state + ks[j] * delta[..., None]
-        outs.append((state * qs[j]).sum(axis=-1).astype(q.dtype))  # [B, 1, H, Dv]
-        states.append(state.squeeze(1))
-    return outs, states
+        kv_mem = (state * gs[j] * ks[j]).sum(axis=-1, keepdims=True)
+        state = gs[j] * state + ks[j] * ((vs[j] - kv_mem) * bs[j])
+        kept.append(state)
+    every = mx.concatenate(kept, axis=1) if S > 1 else kept[0]
+    out = (every * q[..., None, :]).sum(axis=-1).astype(q.dtype)
+    return out, [s.squeeze(1) for s in kept]
 
 
 def split_projections(gdn, x: mx.array) -> tuple[mx.array, ...]:
@@ -141,8 +152,7 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
     conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project)
     n_keep = gdn.conv_kernel_size - 1
     convs = [conv_input[:, j + 1: j + 1 + n_keep, :] for j in range(S)]
-    outs, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
-    out = mx.concatenate(outs, axis=1) if S > 1 else outs[0]
+    out, states = _recurrence_steps(gdn, q, k, v, a, b, cache[1], cpu)
     cache[0], cache[1] = convs[-1], states[-1]
     return _gdn_out(gdn, out, z), GDNCapture(conv=convs, state=states)
 

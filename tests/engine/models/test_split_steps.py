@@ -1,5 +1,5 @@
 """The verify's GDN recurrence on split inputs (engine/models/trunk.py ``_split_steps``) is
-mlx-lm's one step (``_gated_delta_step_ops``) S times, bit for bit."""
+mlx-lm's one step (``_gated_delta_step_ops``) S times, bit for bit, in fewer graph nodes."""
 from __future__ import annotations
 
 import mlx.core as mx
@@ -15,12 +15,12 @@ def _stepped(q, k, v, g, beta, state):
         y, state = trunk._step_ops(q[:, j], k[:, j], v[:, j], g[:, j], beta[:, j], state, None)
         outs.append(y[:, None])
         states.append(state)
-    return outs + states
+    return [mx.concatenate(outs, axis=1)] + states
 
 
 def _split(*args):
-    outs, states = trunk._split_steps(*args)
-    return outs + states
+    out, states = trunk._split_steps(*args)
+    return [out] + states
 
 
 @pytest.mark.parametrize("heads,dim", [(8, 32), (16, 128)])
@@ -41,7 +41,31 @@ def test_split_steps_are_mlx_lms_steps_bit_for_bit(heads, dim, rows, steps, comp
     if compiled:  # as the verify and the plain step run it: inside a compiled layer
         ref, got = mx.compile(ref), mx.compile(got)
     want, have = ref(q, k, v, g, beta, state), got(q, k, v, g, beta, state)
-    assert len(want) == len(have) == 2 * steps
+    assert len(want) == len(have) == 1 + steps
     for a, b in zip(want, have):
         assert a.shape == b.shape and a.dtype == b.dtype
         assert np.array_equal(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
+
+
+def _nodes(*outs) -> int:
+    """Graph nodes (primitives not yet evaluated) behind ``outs``."""
+    import io
+    import re
+    f = io.StringIO()
+    mx.export_to_dot(f, *outs)
+    return len(re.findall(r'shape=rectangle', f.getvalue()))
+
+
+def test_a_verify_step_is_three_graph_nodes():
+    """Each node costs the CPU a few microseconds whatever it computes: a step is one fused
+    product, its sum and one fused update (mlx-lm's step op is nine with its output's)."""
+    counts = {}
+    for steps in (2, 4):
+        q, k, v = (mx.random.normal((1, steps, 8, 32)) for _ in range(3))
+        g, beta = (mx.sigmoid(mx.random.normal((1, steps, 8))) for _ in range(2))
+        state = mx.random.normal((1, 8, 32, 32))
+        mx.eval(q, k, v, g, beta, state)
+        out, states = mx.compile(trunk._split_steps)(q, k, v, g, beta, state)
+        counts[steps] = _nodes(out, states[-1])
+    assert counts[4] - counts[2] == 2 * 3
+    assert counts[4] <= 30
