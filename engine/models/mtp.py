@@ -59,7 +59,10 @@ class MTPHead(nn.Module):
         last = len(self.layers) - 1
         for i, (layer, c) in enumerate(zip(self.layers, cache)):  # mlx-lm's layers, in parts
             z = attention_layer(layer, z, mask, c, cpu, at=at if i == last else None)
-        return self.norm(z)
+        if not cpu:
+            return self.norm(z)
+        # compiled: 3 graph nodes instead of 11 (MLX's RMSNorm is composed of ops on the CPU)
+        return compiled_on(self, "_mtpchat_norm", self.norm, [self.norm.state])(z)
 
     def _fc(self, hidden: mx.array, token_embeds: mx.array, cpu: bool | None = None,
             ) -> mx.array:

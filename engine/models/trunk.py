@@ -460,9 +460,45 @@ def attention_inputs(layer, x: mx.array) -> tuple[mx.array, ...]:
 
 def _attn_in(layer, x: mx.array, offset: mx.array) -> tuple[mx.array, ...]:
     """``attention_inputs`` with queries and keys rotated at ``offset``."""
-    rope = layer.self_attn.rope
     q, k, v, gate = attention_inputs(layer, x)
-    return rope(q, offset=offset), rope(k, offset=offset), v, gate
+    q, k = rotated(layer.self_attn.rope, offset, q, k)
+    return q, k, v, gate
+
+
+def rotated(rope, offset: mx.array, *xs: mx.array) -> list[mx.array]:
+    """``rope(x, offset=offset)`` for each of ``xs`` ([B, heads, L, D], the same B and L),
+    with one table of cosines and sines: on the CPU ``mx.fast.rope`` is composed of ops, its
+    positions, frequencies, cosines and sines built again for every call (7 of its 13 graph
+    nodes). The table is built with the same ops, so the values are the same bits (tested);
+    a rope other than a plain ``nn.RoPE`` (scaled variants, the traditional layout) or
+    another device runs as it is."""
+    if type(rope) is not nn.RoPE or rope.traditional or not device.is_cpu() \
+            or len({x.dtype for x in xs}) > 1:
+        return [rope(x, offset=offset) for x in xs]
+    half, L = rope.dims // 2, xs[0].shape[2]
+    if offset.size > 1:
+        offset = offset[:, None, None]
+    positions = (mx.arange(L, dtype=mx.float32) + offset) * mx.array(rope.scale, mx.float32)
+    theta = positions[..., None] * mx.exp(
+        mx.arange(0, -half, -1, dtype=mx.float32) * _log_base_step(rope.base, half))
+    cos, sin = mx.cos(theta).astype(xs[0].dtype), mx.sin(theta).astype(xs[0].dtype)
+    out = []
+    for x in xs:
+        x1, x2 = x[..., :half], x[..., half:rope.dims]
+        parts = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+        if rope.dims < x.shape[-1]:
+            parts.append(x[..., rope.dims:])
+        out.append(mx.concatenate(parts, axis=-1))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _log_base_step(base: float, half: int) -> mx.array:
+    """``log(base) / half`` as ``mx.fast.rope`` computes it (in float32: a float's log over
+    an int)."""
+    step = mx.log(mx.array(base, dtype=mx.float32)) / mx.array(half, dtype=mx.float32)
+    mx.eval(step)
+    return step
 
 
 def attention_out(layer, out: mx.array, gate: mx.array, x: mx.array, *,

@@ -69,3 +69,38 @@ def test_a_verify_step_is_three_graph_nodes():
         counts[steps] = _nodes(out, states[-1])
     assert counts[4] - counts[2] == 2 * 3
     assert counts[4] <= 30
+
+
+@pytest.mark.parametrize("base,dims,head", [(1e7, 16, 64), (1e4, 64, 64), (5e5, 32, 128)])
+@pytest.mark.parametrize("rows,length", [(1, 1), (1, 4), (3, 4), (2, 37)])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_one_rope_table_for_queries_and_keys_is_mlx_fast_rope_bit_for_bit(
+        base, dims, head, rows, length, dtype, compiled):
+    """``trunk.rotated`` builds the cosines and sines once for q and k (the attention's
+    input function does), with ``mx.fast.rope``'s own ops: the same bits, for a scalar
+    offset and one per row (a batch)."""
+    import mlx.nn as nn
+
+    rope = nn.RoPE(dims, base=base)
+    rng = np.random.default_rng(rows * 100 + length)
+    q = mx.array(rng.normal(size=(rows, 4, length, head)).astype(np.float32)).astype(dtype)
+    k = mx.array(rng.normal(size=(rows, 2, length, head)).astype(np.float32)).astype(dtype)
+    offsets = [mx.array(0, dtype=mx.int32), mx.array(12345, dtype=mx.int32),
+               mx.array([7 + 5 * b for b in range(rows)], dtype=mx.int32)]
+
+    def ours(q, k, offset):
+        return trunk.rotated(rope, offset, q, k)
+
+    def theirs(q, k, offset):
+        return [rope(q, offset=offset), rope(k, offset=offset)]
+    if compiled:
+        ours, theirs = mx.compile(ours), mx.compile(theirs)
+    for offset in offsets:
+        for a, b in zip(ours(q, k, offset), theirs(q, k, offset)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert np.array_equal(np.array(a.astype(mx.float32)),
+                                  np.array(b.astype(mx.float32)))
+    if dtype == mx.float32 and not compiled:
+        table = _nodes(*ours(q, k, offsets[1])) - _nodes(ours(q, k, offsets[1])[0])
+        assert table < _nodes(theirs(q, k, offsets[1])[1])  # k's rotation reuses q's table
