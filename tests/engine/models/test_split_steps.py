@@ -1,5 +1,7 @@
-"""The verify's GDN recurrence on split inputs (engine/models/trunk.py ``_split_steps``) is
-mlx-lm's one step (``_gated_delta_step_ops``) S times, bit for bit, in fewer graph nodes."""
+"""The verify forward's pieces that replace MLX's own with fewer graph nodes, bit for bit:
+the GDN recurrence on split inputs (engine/models/trunk.py ``_split_steps``) is mlx-lm's one
+step (``_gated_delta_step_ops``) S times, and one RoPE table for queries and keys
+(``trunk.rotated``) is ``mx.fast.rope`` on each."""
 from __future__ import annotations
 
 import mlx.core as mx
