@@ -27,13 +27,15 @@ GDN recurrence          gates (``compute_g``, ``sigmoid(b)``) once  mlx-lm's
 (``_recurrence_steps``) for all S tokens, q/k repeated to the       ``gated_delta_update`` one
                         value heads once, each input split once,    token at a time
                         then mlx-lm's ``_gated_delta_step_ops``     (``use_kernel=True``)
-                        op for op per token (``_split_steps``)
+                        value for value, a step in 3 graph nodes
+                        (``_split_steps``)
 GDN recurrence of a     ``gdn_chunked``: 32 tokens at a time        mlx-lm's layer (its kernel,
 prompt chunk (>= 8      (WY form), the depthwise conv as four       or its ops one token at a
 tokens, no padding)     multiply-adds; equal to rounding            time)
 attention decoder layer ``trunk.attention_layer``: norm,            mlx-lm's attention call
-(trunk and MTP head)    projections, q/k norms, RoPE as one         and the MLP half as mlx-lm
-                        compiled function (``_mtpchat_attn_in``),   runs them, uncompiled
+(trunk and MTP head)    projections, q/k norms, RoPE (one table     and the MLP half as mlx-lm
+                        for q and k, ``rotated``) as one compiled   runs them, uncompiled
+                        function (``_mtpchat_attn_in``),
                         cache update as mlx-lm runs it, attention
                         with the query heads folded onto their
                         key/value heads and a softmax with its
@@ -44,6 +46,7 @@ attention decoder layer ``trunk.attention_layer``: norm,            mlx-lm's att
 MLP half alone          compiled per layer (``_mtpchat_mlp``)       uncompiled
 MTP ``fc`` input        two norms, concat, ``fc`` compiled          uncompiled
                         (``head._mtpchat_fc``)
+MTP head's final norm   compiled (``head._mtpchat_norm``)           uncompiled
 ======================  ==========================================  ==========================
 
 On the CPU branch the trunk's layers are one share group (``trunk.share_compiled``, set by
