@@ -129,11 +129,10 @@ def _split_steps(q, k, v, g, beta, state) -> tuple[mx.array, list[mx.array]]:
         state = gs[j] * state + ks[j] * ((vs[j] - kv_mem) * bs[j])
         kept.append(state)
     if S == 1 or state.size <= BATCHED_OUTPUT_MAX:
-        every = mx.concatenate(kept, axis=1) if S > 1 else kept[0]
-        out = (every * q[..., None, :]).sum(axis=-1)
+        out = (_joined(kept) * q[..., None, :]).sum(axis=-1)
     else:  # large states: a copy of all S would cost more than the nodes it saves
         qs = mx.split(q[..., None, :], S, axis=1)
-        out = mx.concatenate([(s * qs[j]).sum(axis=-1) for j, s in enumerate(kept)], axis=1)
+        out = _joined([(s * qs[j]).sum(axis=-1) for j, s in enumerate(kept)])
     return out.astype(q.dtype), [s.squeeze(1) for s in kept]
 
 

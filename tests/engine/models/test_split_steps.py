@@ -4,6 +4,9 @@ step (``_gated_delta_step_ops``) S times, and one RoPE table for queries and key
 (``trunk.rotated``) is ``mx.fast.rope`` on each."""
 from __future__ import annotations
 
+import io
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -51,8 +54,6 @@ def test_split_steps_are_mlx_lms_steps_bit_for_bit(heads, dim, rows, steps, comp
 
 def _nodes(*outs) -> int:
     """Graph nodes (primitives not yet evaluated) behind ``outs``."""
-    import io
-    import re
     f = io.StringIO()
     mx.export_to_dot(f, *outs)
     return len(re.findall(r'shape=rectangle', f.getvalue()))
