@@ -40,10 +40,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Runs a peer's module as ``python -m`` would, after loading the BLAS this engine loads: on
+# Linux a bare ``python -m mlx_lm.server`` multiplies with MLX's reference BLAS, several times
+# slower than the OpenBLAS this engine runs on (a fair table gives both the same products).
+PEER_LAUNCH = ("import runpy, sys; from engine import _blas; _blas.ensure_fast_blas(); "
+               "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', "
+               "alter_sys=True)")
+
+
+def peer_command(module: str, *args: str) -> list[str]:
+    """The command line that runs ``python -m module args...`` on this engine's BLAS."""
+    return [sys.executable, "-c", PEER_LAUNCH, module, *args]
+
+
 def start_mlx_lm(model: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_lm.server", "--model", model, "--port",
-                             str(port), "--host", "127.0.0.1"], cwd=ROOT,
+    proc = subprocess.Popen(peer_command("mlx_lm.server", "--model", model, "--port", str(port),
+                                         "--host", "127.0.0.1"), cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
