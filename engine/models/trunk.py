@@ -435,6 +435,33 @@ def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None,
                         layer.post_attention_layernorm.state])(out, gate, x)
 
 
+def host_prefill(layer, cache, queries: int) -> bool:
+    """Whether a CPU prefill chunk of ``queries`` tokens runs this attention layer as
+    ``prefill_attention_layer`` (its scores on the host: ``cpu_attention.host_applies``): a
+    Qwen3.5 gated attention with a plain RoPE over a full-precision cache (else mlx-lm's
+    layer runs as it is)."""
+    attn = layer.self_attn
+    if cache is None or hasattr(cache, "bits") or type(attn.rope) is not nn.RoPE \
+            or not hasattr(attn, "q_norm"):
+        return False
+    offset = cache.offset
+    keys = (offset if isinstance(offset, int) else int(mx.max(offset).item())) + queries
+    return cpu_attention.host_applies(queries, keys)
+
+
+def prefill_attention_layer(layer, x: mx.array, mask, cache) -> mx.array:
+    """mlx-lm's attention decoder layer for a long prefill chunk on the CPU: its operations,
+    uncompiled (a chunk's length varies), but for the attention itself, computed on the host
+    (``cpu_attention.host_attention``: 4x MLX's at 19k tokens on the demo)."""
+    offset = cache.offset
+    if isinstance(offset, int):
+        offset = mx.array(offset, dtype=mx.int32)
+    q, k, v, gate = _attn_in(layer, x, offset)
+    k, v = cache.update_and_fetch(k, v)
+    out = cpu_attention.host_attention(q, k, v, scale=layer.self_attn.scale, mask=mask)
+    return attention_out(layer, out, gate, x)
+
+
 def _rows_at(q, gate, x, mask, at: mx.array, keys: int) -> tuple:
     """The query, gate and residual of position ``at[b]`` in each row, and its mask row
     (what that query saw among ``keys`` key positions in the whole forward)."""
@@ -614,6 +641,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
                 x, cap = linear_prefill(layer, x, c, cpu, project, mark)
                 if cap is not None:
                     captures[i] = cap
+                continue
+            if not layer.is_linear and cpu and host_prefill(layer, c, x.shape[1]):
+                x = prefill_attention_layer(layer, x, fa_mask, c)
                 continue
             x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
             continue

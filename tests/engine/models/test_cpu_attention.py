@@ -86,3 +86,39 @@ def test_softmax_keeps_a_half_precision_dtype():
     assert out.dtype == mx.bfloat16
     np.testing.assert_allclose(np.array(out.astype(mx.float32)),
                                np.array(mx.softmax(x.astype(mx.float32), axis=-1)), atol=4e-3)
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2)])
+@pytest.mark.parametrize("L,S", [(5, 5), (16, 300), (300, 300), (130, 700)])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_host_attention_equals_the_fast_path(Hq, Hkv, L, S, mask):
+    """A prefill chunk's attention on the host: several blocks of queries (130 and 300 rows
+    cross ``HOST_TILE``), a chunk that is the whole context or its end."""
+    q, k, v = _qkv(2, Hq, Hkv, L, S, 16, seed=L + S)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    _close(cpu_attention.host_attention(q, k, v, scale=0.25, mask=mask), ref)
+
+
+def test_host_attention_array_masks_and_dtype():
+    q, k, v = _qkv(2, 4, 2, 140, 200, 8, seed=3)
+    keep = np.tril(np.ones((140, 200), dtype=bool), 60)[None, None].repeat(2, 0)
+    keep[0, :, :, :5] = False          # a left-padded row
+    for mask in (mx.array(keep), mx.where(mx.array(keep), 0.0, -1e9),
+                 mx.array(np.broadcast_to(keep, (2, 4, 140, 200)).copy())):
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask)
+        _close(cpu_attention.host_attention(q, k, v, scale=0.3, mask=mask), ref)
+    half = [x.astype(mx.bfloat16) for x in (q, k, v)]
+    got = cpu_attention.host_attention(*half, scale=0.3, mask="causal")
+    ref = mx.fast.scaled_dot_product_attention(*[x.astype(mx.float32) for x in half],
+                                               scale=0.3, mask="causal")
+    assert got.dtype == mx.bfloat16
+    np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(ref), atol=2e-2)
+    with pytest.raises(ValueError, match="mask"):
+        cpu_attention.host_attention(q, k, v, scale=0.3, mask="sliding")
+
+
+def test_only_prefill_chunks_take_the_host():
+    assert not cpu_attention.host_applies(1, 1 << 22)      # a decode step
+    assert not cpu_attention.host_applies(7, 1 << 22)      # a verify at depth 6
+    assert not cpu_attention.host_applies(512, 1024)        # a short prompt's chunk
+    assert cpu_attention.host_applies(512, 2048)
