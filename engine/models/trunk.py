@@ -435,6 +435,17 @@ def attention_layer(layer, x: mx.array, mask, cache, cpu: bool | None = None,
                         layer.post_attention_layernorm.state])(out, gate, x)
 
 
+def _prefill_attention(layer, x: mx.array, mask, cache, cpu: bool) -> mx.array:
+    """An attention layer of a forward that is not one fused step: past an image (shifted
+    positions) ``attention_layer``; a long chunk on the CPU ``prefill_attention_layer``; else
+    mlx-lm's layer as it is."""
+    if shifted_offset(cache) is not None:
+        return attention_layer(layer, x, mask, cache, cpu)
+    if cpu and host_prefill(layer, cache, x.shape[1]):
+        return prefill_attention_layer(layer, x, mask, cache)
+    return layer(x, mask=mask, cache=cache)
+
+
 def host_prefill(layer, cache, queries: int) -> bool:
     """Whether a CPU prefill chunk of ``queries`` tokens runs this attention layer as
     ``prefill_attention_layer`` (its scores on the host: ``cpu_attention.host_applies``): a
@@ -634,18 +645,15 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
-            if not layer.is_linear and shifted_offset(c) is not None:  # past an image
-                x = attention_layer(layer, x, fa_mask, c, cpu)
+            if not layer.is_linear:
+                x = _prefill_attention(layer, x, fa_mask, c, cpu)
                 continue
-            if layer.is_linear and chunked and ssm_mask is None:
+            if chunked and ssm_mask is None:
                 x, cap = linear_prefill(layer, x, c, cpu, project, mark)
                 if cap is not None:
                     captures[i] = cap
                 continue
-            if not layer.is_linear and cpu and host_prefill(layer, c, x.shape[1]):
-                x = prefill_attention_layer(layer, x, fa_mask, c)
-                continue
-            x = layer(x, mask=ssm_mask if layer.is_linear else fa_mask, cache=c)
+            x = layer(x, mask=ssm_mask, cache=c)
             continue
         if layer.is_linear:
             x, cap = linear_layer(layer, x, c, cpu, project)
