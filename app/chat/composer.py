@@ -189,12 +189,16 @@ class Composer(QWidget):
 
     def _fit(self, *_args) -> None:
         """Grow with the text up to ``MAX_LINES`` lines, every one of them fully shown: a
-        line's height is its block's (the font's line spacing rounded up), plus the document
-        margins, the frame and the viewport margins."""
+        line's height is one line of its block's (the font's line spacing rounded up; a long
+        paragraph is one block of many wrapped lines), plus the document margins, the frame
+        and the viewport margins."""
         e = self.edit
         doc = e.document()
         lines = max(1, min(MAX_LINES, int(doc.size().height())))
-        line_h = max(e.fontMetrics().lineSpacing(), int(e.blockBoundingRect(doc.firstBlock()).height()))
+        first = doc.firstBlock()
+        wrapped = max(1, first.layout().lineCount()) if first.layout() is not None else 1
+        line_h = max(e.fontMetrics().lineSpacing(),
+                     int(e.blockBoundingRect(first).height() / wrapped))
         m = e.contentsMargins()
         chrome = int(2 * doc.documentMargin()) + 2 * e.frameWidth() + m.top() + m.bottom()
         e.setFixedHeight(lines * line_h + chrome + 4)
