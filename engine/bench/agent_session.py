@@ -63,13 +63,16 @@ def start_mlx_lm(model: str) -> tuple[subprocess.Popen, str]:
     import httpx
 
     for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"mlx_lm.server exited (status {proc.returncode}) before it "
+                             "listened: is mlx-lm installed, and does it load this model?")
         try:
             httpx.get(url + "/v1/models", timeout=2)
             return proc, url
         except httpx.HTTPError:
             time.sleep(0.5)
     proc.kill()
-    raise SystemExit("mlx_lm.server did not start")
+    raise SystemExit("mlx_lm.server did not start within 300 s")
 
 
 def tool_result(turn: int, words: int) -> str:

@@ -68,7 +68,11 @@ def start_server(model: str | None, warmup: bool, extra: list[str] = (),
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line:
         raise SystemExit("the server did not start")
-    return proc, json.loads(line)["url"]
+    started = json.loads(line)
+    if "url" not in started:  # its one-line refusal (it has said why on stderr too)
+        proc.wait(30)
+        raise SystemExit(f"the server did not start: {started.get('message', line.strip())}")
+    return proc, started["url"]
 
 
 def stop_server(proc) -> None:

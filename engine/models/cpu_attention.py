@@ -15,6 +15,7 @@ context): within a few float32 roundings of the fast path's.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask) -> mx.array:
@@ -111,15 +112,13 @@ def host_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask)
     ``exp`` takes 0.5 ns. Only prefill takes this path (``host_applies``): decode steps,
     verifies and draft steps keep ``attention``, whose bits they share. The same arithmetic
     up to float32 rounding (tested against MLX's fast path)."""
-    import numpy as np
-
-    B, Hq, L, D = q.shape
+    B, Hq, L, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rep = Hq // Hkv
     f32 = [x if x.dtype == mx.float32 else x.astype(mx.float32) for x in (q, k, v)]
     mx.eval(*f32)
     qn, kn, vn = (np.asarray(x) for x in f32)
-    masks = _host_mask(mask, B, Hq, L, S)
+    masks = _host_mask(mask, L)
     out = np.empty((B, Hq, L, vn.shape[-1]), dtype=np.float32)
     tri = np.triu(np.ones((HOST_TILE, HOST_TILE), dtype=bool), 1)
     for b in range(B):
@@ -147,15 +146,13 @@ def host_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask)
     return res if q.dtype == mx.float32 else res.astype(q.dtype)
 
 
-def _host_mask(mask, B: int, Hq: int, L: int, S: int):
-    """``mask`` for ``host_attention``: None, "causal", or a NumPy array [B|1, Hq|1, L|1, S]
-    (bool: True keeps; else float32, added)."""
-    import numpy as np
-
+def _host_mask(mask, queries: int):
+    """``mask`` for ``host_attention`` over ``queries`` rows: None, "causal", or a NumPy array
+    [B|1, Hq|1, L|1, S] (bool: True keeps; else float32, added)."""
     if mask is None or isinstance(mask, str):
         if isinstance(mask, str) and mask != "causal":
             raise ValueError(f"unknown attention mask {mask!r}")
-        return mask if L > 1 else None
+        return mask if queries > 1 else None
     m = mask
     while m.ndim < 4:
         m = m[None]
