@@ -31,7 +31,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 
 from engine.decoding import draft_vocab
 from engine.decoding.draft_vocab import DraftVocab
-from engine.decoding.rowcache import RowKVCache
+from engine.decoding.rowcache import RowKVCache, key_buckets
 from engine.decoding.window import DRAFT_WINDOW, WINDOW_ENV, draft_window  # noqa: F401
 from engine.decoding.session import Session
 
@@ -66,11 +66,12 @@ class Batch:
     def __init__(self, model, *, use_mtp: bool, counts=None) -> None:
         self.model = model
         self.use_mtp = use_mtp and model.mtp is not None
-        self.trunk_cache = [RowKVCache() if isinstance(c, KVCache) else ArraysCache(len(c.cache))
-                            for c in model.make_cache()]
+        buckets = key_buckets()
+        self.trunk_cache = [RowKVCache(buckets=buckets) if isinstance(c, KVCache)
+                            else ArraysCache(len(c.cache)) for c in model.make_cache()]
         window = draft_window()
-        self.mtp_cache = [RowKVCache(window=window) for _ in model.mtp.make_cache()] \
-            if self.use_mtp else None
+        self.mtp_cache = [RowKVCache(window=window, buckets=buckets)
+                          for _ in model.mtp.make_cache()] if self.use_mtp else None
         # the rows a draft step scores when it may score part of the vocabulary, ranked by
         # ``counts`` (``draft_vocab.TokenCounts``, the carryover's; None: by id)
         self.counts = counts
