@@ -11,16 +11,16 @@ run on it unchanged. With a ``window`` (the MTP head's draft steps:
 ``batch_caches.draft_window``) each query sees only its own row's last ``window`` positions,
 and ``update_and_fetch`` returns the keys from the first position any row still sees.
 
-With ``buckets`` (the CPU branch: ``key_buckets()``) ``update_and_fetch`` returns the keys in
-whole blocks of ``STEP`` positions (from a multiple of ``STEP`` to the end of the block that
-holds the last key) and ``make_mask`` always hides what lies past each row's length or
-before its window. Exact: a hidden key's weight is 0. MLX's CPU allocator is glibc's
-``malloc``; a decode step's attention temporaries grow by one key a step, so each step's
-freed blocks were a few bytes too small for the next step's, and after a prefill every step
-took fresh pages from the kernel (a reply right after a 12k-token prompt decoded at 0.65x the
-same reply resumed from the prompt cache, 16.2 against 10.7 ms a step on the demo, 35,000
-page faults and +142 MB of resident memory in 79 tokens). In blocks the temporaries keep one
-size for ``STEP`` steps and reuse the same memory.
+With ``buckets`` (the CPU branch: ``key_buckets()``) and from ``BLOCKS_FROM`` positions on,
+``update_and_fetch`` returns the keys in whole blocks of ``STEP`` positions (from a multiple
+of ``STEP`` to the end of the block that holds the last key) and ``make_mask`` always hides
+what lies past each row's length or before its window. Exact: a hidden key's weight is 0.
+Why: MLX's CPU allocator is glibc's ``malloc``, and a decode step's attention temporaries
+were one key larger than the step before's. After a prefill, glibc then served every step's
+temporaries from fresh pages (a reply right after a 12k-token prompt on the demo: 16.2 ms a
+step against 10.7 for the same reply resumed from the prompt cache, 35,000 page faults and
++142 MB resident in 79 tokens; the same with glibc's trim and mmap thresholds raised). In
+blocks the temporaries keep one size for ``STEP`` steps and glibc reuses their memory.
 
 The Gated DeltaNet layers keep mlx-lm's ``ArraysCache`` ([conv window, recurrent state], one
 row per stream): their state is per row already, and its own ``extend`` / ``filter`` /
@@ -34,6 +34,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 STEP = 256  # buffer growth, as mlx-lm's KVCache (and the blocks of ``buckets``)
+# ``buckets`` returns whole blocks from this many positions on: below, a step's temporaries
+# are small and a block's up to 255 extra keys cost more than they save (3-4 % of a decode
+# step on the demo at 100-300 tokens)
+BLOCKS_FROM = 4096
 BUCKETS_ENV = "MTPCHAT_KEY_BUCKETS"
 
 
@@ -76,25 +80,33 @@ class RowKVCache:
         """Each row's first new position [B] (RoPE offsets)."""
         return mx.array(self.lengths, dtype=mx.int32)
 
-    def _start(self) -> int:
-        """The first buffer position any query of the next tokens sees: 0, or with a
-        ``window`` the earliest first position of a row's window (the keys before it are
-        seen by no row, so ``update_and_fetch`` leaves them out)."""
+    def _blocked(self, end: int) -> bool:
+        """Whether the keys go out in whole blocks once ``end`` positions are written
+        (``buckets``, from ``BLOCKS_FROM`` positions on)."""
+        return self.buckets and end >= BLOCKS_FROM
+
+    def _start(self, end: int) -> int:
+        """The first buffer position any query of the next tokens (up to position ``end``)
+        sees: 0, or with a ``window`` the earliest first position of a row's window (the keys
+        before it are seen by no row, so ``update_and_fetch`` leaves them out), at the start
+        of its block where ``_blocked``."""
         if self.window is None or not self.lengths:
             return 0
         first = max(0, min(self.lengths) - self.window + 1)
-        return first - first % STEP if self.buckets else first
+        return first - first % STEP if self._blocked(end) else first
 
     def _stop(self, end: int) -> int:
         """The buffer position after the last key returned when ``end`` positions are
-        written: ``end``, or with ``buckets`` the end of its block."""
-        return _capacity(end) if self.buckets else end
+        written: ``end``, or where ``_blocked`` the end of its block."""
+        return _capacity(end) if self._blocked(end) else end
 
     def _windowed(self, n: int) -> bool:
         """Whether the window hides any key a causal mask would show to one of the next
         ``n`` queries (the last query of the longest row sees the most)."""
-        return self.window is not None and bool(self.lengths) and \
-            (self.buckets or max(self.lengths) + n > self.window)
+        if self.window is None or not self.lengths:
+            return False
+        end = max(self.lengths) + n
+        return self._blocked(end) or end > self.window
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
         """[B, 1, n, T] bool: query j of row b sees positions ``<= lengths[b] + j`` (and with
@@ -103,10 +115,11 @@ class RowKVCache:
         (nothing to hide)."""
         if window_size is not None:
             raise NotImplementedError("sliding-window attention is not batched")
-        if n == 1 and len(set(self.lengths)) <= 1 and not return_array and not self.buckets:
+        end = max(self.lengths) + n
+        if n == 1 and len(set(self.lengths)) <= 1 and not return_array \
+                and not self._blocked(end):
             return None  # (with a window, ``_start`` leaves exactly the keys it keeps)
-        start, windowed = self._start(), self._windowed(n)
-        t = self._stop(max(self.lengths) + n)
+        start, windowed, t = self._start(end), self._windowed(n), self._stop(end)
         last = self.offset[:, None, None, None] + mx.arange(n)[None, None, :, None]
         pos = mx.arange(start, t)[None, None, None, :]
         keep = pos <= last
@@ -117,7 +130,7 @@ class RowKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         n = keys.shape[2]
         end = max(self.lengths) + n
-        first = self._start()
+        first = self._start(end)
         self._reserve(end, keys, values)
         if len(set(self.lengths)) == 1:
             start = self.lengths[0]

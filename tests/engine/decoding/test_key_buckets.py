@@ -34,10 +34,11 @@ def _pair(lengths, window, seed=0):
 @pytest.mark.parametrize("lengths,n", [([5, 12, 9], 3), ([20, 20], 1), ([300, 3], 1),
                                        ([255], 1), ([256], 1), ([511, 700], 4), ([17], 2)])
 @pytest.mark.parametrize("window", [None, 4, 260])
-def test_blocks_attend_exactly_like_exact_keys(lengths, n, window):
+def test_blocks_attend_exactly_like_exact_keys(lengths, n, window, monkeypatch):
     """Each query's output with the keys in blocks equals the exact-length one (to a float32
     rounding: the sums run over more, zero-weight, terms), over several steps; the keys
     returned start at a multiple of STEP and end where the last key's block ends."""
+    monkeypatch.setattr(rowcache, "BLOCKS_FROM", 0)
     exact, blocked = _pair(lengths, window)
     rng = np.random.default_rng(1)
     B = len(lengths)
@@ -65,6 +66,7 @@ def test_a_decode_keeps_one_key_count_for_a_block(tiny_model, monkeypatch):
     the same number of keys until the reply crosses a block boundary (without blocks it
     grows by one every step)."""
     monkeypatch.setenv(rowcache.BUCKETS_ENV, "1")
+    monkeypatch.setattr(rowcache, "BLOCKS_FROM", 256)
     counts = []
     real = cpu_attention.attention
 
@@ -95,6 +97,7 @@ def test_exact_with_blocks(tiny_model, monkeypatch):
     """With blocks: greedy MTP output equals plain decoding, and seeded sampled streams give
     the same tokens batched and alone."""
     monkeypatch.setenv(rowcache.BUCKETS_ENV, "1")
+    monkeypatch.setattr(rowcache, "BLOCKS_FROM", 0)
     ps = [p for p in prompts(10, seed=43) if len(p) > 8][:4]
     for p in ps:
         assert alone(tiny_model, p, depth=3, max_tokens=30) == \
@@ -109,6 +112,19 @@ def test_exact_with_blocks(tiny_model, monkeypatch):
     got = batched(dec, streams)
     for s, ref in zip(streams, refs):
         assert got[s.id] == ref
+
+
+def test_blocks_start_at_blocks_from():
+    """Below ``BLOCKS_FROM`` positions the keys are the exact ones (and a lone decode step
+    needs no mask); from it on, whole blocks."""
+    n0 = rowcache.BLOCKS_FROM - 10
+    z = mx.zeros((1, H, 1, D))
+    c = RowKVCache(mx.zeros((1, H, n0, D)), mx.zeros((1, H, n0, D)), [n0], buckets=True)
+    assert c.make_mask(1) is None
+    assert c.update_and_fetch(z, z)[0].shape[2] == n0 + 1
+    c.lengths = [rowcache.BLOCKS_FROM + 5]
+    assert c.make_mask(1).shape[-1] == rowcache.BLOCKS_FROM + STEP
+    assert c.update_and_fetch(z, z)[0].shape[2] == rowcache.BLOCKS_FROM + STEP
 
 
 def test_the_switch(monkeypatch):
