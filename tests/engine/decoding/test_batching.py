@@ -72,6 +72,24 @@ def batched(dec: BatchDecoder, streams, *, on_step=None) -> dict[str, list[int]]
     return got
 
 
+def assert_exact_and_row_independent(model, ps, *, seed: int, max_tokens: int = 30) -> None:
+    """Greedy depth 3 equals depth 0 on each prompt, and seeded sampled streams give the same
+    tokens batched together as alone (what a row drafts depends on its own state only)."""
+    for p in ps:
+        assert alone(model, p, depth=3, max_tokens=max_tokens) == \
+            alone(model, p, depth=0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+    refs = [alone(model, p, depth=3, max_tokens=max_tokens, sampling=params, seed=seed + i)
+            for i, p in enumerate(ps)]
+    carryover_of(model).reset_prompt_cache()
+    dec = BatchDecoder(model, max_streams=len(ps))
+    streams = [dec.add(p, depth=3, max_tokens=max_tokens, sampling=params, seed=seed + i)
+               for i, p in enumerate(ps)]
+    got = batched(dec, streams)
+    for s, ref in zip(streams, refs):
+        assert got[s.id] == ref
+
+
 def run_reused(dec: BatchDecoder) -> dict[str, int]:
     """Run ``dec`` to the end; each stream's prompt tokens reused from the prompt cache."""
     reused = {}

@@ -10,13 +10,10 @@ import pytest
 import engine  # noqa: F401  (loads the BLAS before mlx)
 import mlx.core as mx
 
-from engine import SamplingParams
-from engine.core.carryover import carryover_of
 from engine.decoding import batch_caches
-from engine.decoding.decoder import BatchDecoder
 from engine.decoding.rowcache import RowKVCache
 from engine.models import cpu_attention
-from tests.engine.decoding.test_batching import alone, batched
+from tests.engine.decoding.test_batching import alone, assert_exact_and_row_independent
 from tests.engine.decoding.test_decode import prompts
 
 H, D = 2, 8
@@ -93,20 +90,8 @@ def test_a_small_window_keeps_output_exact_and_rows_independent(tiny_model, monk
     draft state differs from the whole-context head's)."""
     ps = [p for p in prompts(10, seed=41) if len(p) > 12][:5]
     assert len(ps) >= 3
-    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
     monkeypatch.setenv(batch_caches.WINDOW_ENV, "6")
-    for p in ps:
-        assert alone(tiny_model, p, depth=3, max_tokens=30) == \
-            alone(tiny_model, p, depth=0, max_tokens=30)
-    refs = [alone(tiny_model, p, depth=3, max_tokens=30, sampling=params, seed=7 + i)
-            for i, p in enumerate(ps)]
-    carryover_of(tiny_model).reset_prompt_cache()
-    dec = BatchDecoder(tiny_model, max_streams=len(ps))
-    streams = [dec.add(p, depth=3, max_tokens=30, sampling=params, seed=7 + i)
-               for i, p in enumerate(ps)]
-    got = batched(dec, streams)
-    for s, ref in zip(streams, refs):
-        assert got[s.id] == ref
+    assert_exact_and_row_independent(tiny_model, ps, seed=7)
 
     # the window is in effect: the head's draft states differ from the whole-context head's
     seen = []

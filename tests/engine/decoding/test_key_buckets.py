@@ -16,7 +16,7 @@ from engine.decoding import rowcache
 from engine.decoding.decoder import BatchDecoder
 from engine.decoding.rowcache import STEP, RowKVCache
 from engine.models import cpu_attention
-from tests.engine.decoding.test_batching import alone, batched
+from tests.engine.decoding.test_batching import assert_exact_and_row_independent, batched
 from tests.engine.decoding.test_decode import prompts
 
 H, D = 2, 8
@@ -99,19 +99,7 @@ def test_exact_with_blocks(tiny_model, monkeypatch):
     monkeypatch.setenv(rowcache.BUCKETS_ENV, "1")
     monkeypatch.setattr(rowcache, "BLOCKS_FROM", 0)
     ps = [p for p in prompts(10, seed=43) if len(p) > 8][:4]
-    for p in ps:
-        assert alone(tiny_model, p, depth=3, max_tokens=30) == \
-            alone(tiny_model, p, depth=0, max_tokens=30)
-    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
-    refs = [alone(tiny_model, p, depth=3, max_tokens=30, sampling=params, seed=11 + i)
-            for i, p in enumerate(ps)]
-    carryover_of(tiny_model).reset_prompt_cache()
-    dec = BatchDecoder(tiny_model, max_streams=len(ps))
-    streams = [dec.add(p, depth=3, max_tokens=30, sampling=params, seed=11 + i)
-               for i, p in enumerate(ps)]
-    got = batched(dec, streams)
-    for s, ref in zip(streams, refs):
-        assert got[s.id] == ref
+    assert_exact_and_row_independent(tiny_model, ps, seed=11)
 
 
 def test_blocks_start_at_blocks_from():
