@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from engine.core.carryover import carryover_of
 from engine.depth.tuner import PROMPTS, TuneRow, pick_winner, tune
 from engine.errors import GenerationError
 from engine.hub import store
@@ -238,6 +239,11 @@ def test_tune_measures_the_path_the_product_runs(tiny_model, home, monkeypatch):
     assert seen["decoders"] == 2 and seen["plain"] > 0 and seen["speculative"] > 0
     before = dict(seen)
     done = threading.Event()
+    # the scheduler decodes on its own thread: it must not resume a conversation an earlier
+    # test decoded on this one (MLX's streams are per thread; such a snapshot's unevaluated
+    # arrays fail there with "There is no Stream(cpu, 0) in current thread" — in the product
+    # one thread hosts the engine core)
+    carryover_of(tiny_model).reset_prompt_cache()
     s = Scheduler(model=tiny_model, max_streams=8).start()
     try:
         s.submit(GenRequest(id="r", prompt_ids=(5, 6, 7), max_tokens=6, depth=1),
