@@ -115,7 +115,7 @@ class RowKVCache:
         (nothing to hide)."""
         if window_size is not None:
             raise NotImplementedError("sliding-window attention is not batched")
-        end = max(self.lengths) + n
+        end = max(self.lengths, default=0) + n
         if n == 1 and len(set(self.lengths)) <= 1 and not return_array \
                 and not self._blocked(end):
             return None  # (with a window, ``_start`` leaves exactly the keys it keeps)
