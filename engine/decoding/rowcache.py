@@ -28,8 +28,6 @@ row per stream): their state is per row already, and its own ``extend`` / ``filt
 """
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
@@ -46,12 +44,10 @@ def key_buckets() -> bool:
     (``RowKVCache(buckets=True)``): ``$MTPCHAT_KEY_BUCKETS`` (0 or 1), else on the CPU branch
     (MLX's Metal allocator keeps freed buffers by size; its fast attention is faster without a
     mask)."""
-    raw = os.environ.get(BUCKETS_ENV, "").strip().lower()
-    if raw in ("0", "1", "false", "true", "off", "on", "no", "yes"):
-        return raw in ("1", "true", "on", "yes")
-    from engine.models import device
+    from engine.models import cpu_products, device
 
-    return device.is_cpu()
+    value = cpu_products.env_switch(BUCKETS_ENV, "deciding by the device")
+    return device.is_cpu() if value is None else value
 
 
 def _capacity(n: int) -> int:

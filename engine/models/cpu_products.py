@@ -93,17 +93,22 @@ def threads() -> int:
     return _state["threads"]
 
 
+def env_switch(env: str, otherwise: str = "deciding by the BLAS") -> bool | None:
+    """The environment variable ``env`` as an on/off switch (0/1, off/on, no/yes,
+    false/true); None when unset, blank or malformed (a malformed value is logged, saying
+    what decides ``otherwise``)."""
+    value = os.environ.get(env, "").strip().lower()
+    if value and value not in _SWITCH:
+        log.warning("%s=%r is not 0 or 1; %s", env, value, otherwise)
+    return _SWITCH.get(value)
+
+
 def _switch(env: str, key: str, default) -> bool:
     """``_state[key]``: the environment variable ``env`` where it is a switch, else
-    ``default()`` (a malformed value is logged and ignored)."""
+    ``default()``, decided once per process."""
     if key not in _state:
-        value = os.environ.get(env, "").strip().lower()
-        if value in _SWITCH:
-            _state[key] = _SWITCH[value]
-        else:
-            if value:
-                log.warning("%s=%r is not 0 or 1; deciding by the BLAS", env, value)
-            _state[key] = bool(default())
+        value = env_switch(env)
+        _state[key] = bool(default()) if value is None else value
         log.debug("%s: %s", key, _state[key])
     return bool(_state[key])
 
