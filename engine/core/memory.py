@@ -13,7 +13,8 @@ Contract:
   on a Mac MLX's recommended working set, else ``SAFE_SHARE`` of the RAM, never more than
   what is in use now plus ``AVAILABLE_SHARE`` of what is available). ``attach(model)``
   measures the base (the process's resident memory with the model loaded) and sets MLX's
-  memory limit to the budget and its cache limit to a share of the headroom.
+  memory limit to the budget and its cache limit to a share of the headroom (on the CPU
+  branch at most ``allocator.CPU_CACHE_LIMIT``: ``engine.core.allocator``).
   ``verdict(rid, prompt, max_tokens, depth)`` -> ``("run", max_tokens)`` (reserved; a
   ``max_tokens`` that would outgrow the budget alone is cut to what fits, and the reply then
   ends with ``finish_reason="length"`` and a note), ``("wait", None)`` (it fits alone but not
@@ -34,6 +35,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from engine.core import allocator
 from engine.errors import GenerationError
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,17 @@ PREFILL_CHUNK = 512        # engine.decoding.session's chunk (the transient's si
 OTHER_BYTES_PER_TOKEN = 1024  # ids, detokenizer, bookkeeping
 ACTIVATION_COPIES = 6      # logits, probabilities, candidates... per verified token
 CACHE_SHARE = 0.1          # of the headroom, MLX's buffer cache limit (counted as used)
+
+
+def _reuse_freed_memory() -> bool:
+    """On the CPU branch where ``engine.core.allocator`` applies: glibc keeps freed memory
+    for reuse, and MLX's buffer cache (counted as used) stays small."""
+    from engine.models import device
+
+    if not (device.is_cpu() and allocator.enabled()):
+        return False
+    allocator.reuse_freed_memory()
+    return True
 
 
 class MemoryRefused(GenerationError):
@@ -193,6 +206,8 @@ class MemoryGate:
                          self.base + int(psutil.virtual_memory().available * AVAILABLE_SHARE))
         self.budget = int(budget)
         self.cache_limit = max(int((self.budget - self.base) * CACHE_SHARE), 0)
+        if _reuse_freed_memory():
+            self.cache_limit = min(self.cache_limit, allocator.CPU_CACHE_LIMIT)
         self._set_mlx_limits()
         log.info("memory budget %s (base %s with the model loaded)", size_text(self.budget),
                  size_text(self.base))
