@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from engine.decoding import draft_vocab
+from engine.decoding import draft_vocab, side
 from engine.decoding.draft_vocab import DraftVocab
 from engine.decoding.rowcache import RowKVCache, key_buckets
 from engine.decoding.window import DRAFT_WINDOW, WINDOW_ENV, draft_window  # noqa: F401
@@ -107,10 +107,12 @@ class Batch:
             else:
                 mine.extend(theirs)
         if self.use_mtp:
-            for mine, theirs in zip(self.mtp_cache, s.mtp_cache):
-                if theirs.keys is None:  # a one-token prompt: no pair committed yet
-                    theirs = _empty_kv(self.model, s)
-                mine.join(theirs, s.rope_delta)
+            with side.side():  # only a draft reads it (``engine.decoding.side``)
+                for mine, theirs in zip(self.mtp_cache, s.mtp_cache):
+                    if theirs.keys is None:  # a one-token prompt: no pair committed yet
+                        theirs = _empty_kv(self.model, s)
+                    mine.join(theirs, s.rope_delta)
+            side.start([a for c in self.mtp_cache for a in (c.keys, c.values)])
         p = Pending()
         if s.pending_h is not None:
             p.add(s.pending_h[0], list(s.pending_tok))

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engine.decoding import side
+
 
 PREFILL_CHUNK = 512
 _lineages = itertools.count(1)
@@ -144,8 +146,10 @@ class Session:
         """Append the pending pairs to the MTP cache (K/V only matter; output discarded)."""
         if self.pending_h is None or not self.pending_tok:
             return
-        emb = self.model.embed(mx.array(self.pending_tok)[None])
-        self.model.mtp(self.pending_h, emb, self.mtp_cache)
+        with side.side():  # only a draft reads them: computed on the other core meanwhile
+            emb = self.model.embed(mx.array(self.pending_tok)[None])
+            self.model.mtp(self.pending_h, emb, self.mtp_cache)
+        side.start([a for c in self.mtp_cache for a in (c.keys, c.values)])
         self.mtp_rows += len(self.pending_tok)
         self.pending_h, self.pending_tok = None, []
 
