@@ -42,7 +42,10 @@ def release_thread_streams(*, synchronize: bool | None = None) -> None:
         return
     if synchronize is None:
         synchronize = getattr(_thread, "used", False)
+    side = sys.modules.get("engine.decoding.side")  # its second stream, where one was made
     try:
+        if side is not None:
+            side.release()
         if synchronize:
             mx.synchronize()
         mx.clear_streams()

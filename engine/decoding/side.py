@@ -59,6 +59,16 @@ def side():
         yield
 
 
+def release() -> None:
+    """Wait for this thread's side stream, if it made one, and forget it: what
+    ``engine.core.threadexit.release_thread_streams`` runs before MLX drops the thread's
+    streams (``mx.clear_streams``)."""
+    s = getattr(_local, "stream", None)
+    if s is not None:
+        _local.stream = None
+        mx.synchronize(s)
+
+
 def start(arrays: list) -> None:
     """Set ``arrays`` computing now (where the side stream is on; else they stay lazy, as
     before: the first draft evaluates them)."""
