@@ -22,20 +22,26 @@ the app's worker).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import mlx.core as mx
 
 SIDE_ENV = "MTPCHAT_SIDE_STREAM"
 _local = threading.local()
+_decided: dict[tuple[str, str], bool] = {}
 
 
 def enabled() -> bool:
-    """``$MTPCHAT_SIDE_STREAM`` (0 or 1), else on the CPU branch."""
+    """``$MTPCHAT_SIDE_STREAM`` (0 or 1), else on the CPU branch; decided once per value of
+    both (it is asked at every prefill chunk: a malformed value warns once)."""
     from engine.models import cpu_products, device
 
-    value = cpu_products.env_switch(SIDE_ENV, "deciding by the device")
-    return device.is_cpu() if value is None else value
+    key = (os.environ.get(SIDE_ENV, ""), device.branch())
+    if key not in _decided:
+        value = cpu_products.env_switch(SIDE_ENV, "deciding by the device")
+        _decided[key] = key[1] == "cpu" if value is None else value
+    return _decided[key]
 
 
 def stream() -> mx.Stream | None:
