@@ -38,10 +38,12 @@ _done: bool | None = None
 
 
 def enabled() -> bool:
-    """Whether the CPU branch tunes the allocator: ``$MTPCHAT_MALLOC_TUNE`` (0 or 1), else on
-    Linux."""
-    from engine.models import cpu_products
+    """Whether the allocator is tuned: on the CPU branch, ``$MTPCHAT_MALLOC_TUNE`` (0 or 1),
+    else on Linux."""
+    from engine.models import cpu_products, device
 
+    if not device.is_cpu():
+        return False
     value = cpu_products.env_switch(TUNE_ENV, "deciding by the platform")
     return sys.platform.startswith("linux") if value is None else value
 

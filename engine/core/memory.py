@@ -49,17 +49,6 @@ ACTIVATION_COPIES = 6      # logits, probabilities, candidates... per verified t
 CACHE_SHARE = 0.1          # of the headroom, MLX's buffer cache limit (counted as used)
 
 
-def _reuse_freed_memory() -> bool:
-    """On the CPU branch where ``engine.core.allocator`` applies: glibc keeps freed memory
-    for reuse, and MLX's buffer cache (counted as used) stays small."""
-    from engine.models import device
-
-    if not (device.is_cpu() and allocator.enabled()):
-        return False
-    allocator.reuse_freed_memory()
-    return True
-
-
 class MemoryRefused(GenerationError):
     """A request whose memory need alone exceeds the budget (HTTP 400)."""
 
@@ -206,7 +195,8 @@ class MemoryGate:
                          self.base + int(psutil.virtual_memory().available * AVAILABLE_SHARE))
         self.budget = int(budget)
         self.cache_limit = max(int((self.budget - self.base) * CACHE_SHARE), 0)
-        if _reuse_freed_memory():
+        if allocator.enabled():  # glibc keeps freed memory; MLX's cache (counted as used) small
+            allocator.reuse_freed_memory()
             self.cache_limit = min(self.cache_limit, allocator.CPU_CACHE_LIMIT)
         self._set_mlx_limits()
         log.info("memory budget %s (base %s with the model loaded)", size_text(self.budget),
