@@ -9,7 +9,8 @@ Each ``step()`` is ``admit_step()`` (again while the prompt next in line fits wh
    one prefill chunk of the stream at the head of the line; a stream whose prompt is done
    draws its first token and joins the batch (``engine.decoding.batch_caches.Batch.join``);
 2. one cycle over every joined row: the plain pipeline (``plain``) when every row decodes at
-   depth 0 with its tokens drawn on the device, else the speculative cycle (``speculative``:
+   depth 0 (fixed, or ``auto`` with its controller at depth 0) with its tokens drawn on the
+   device, else the speculative cycle (``speculative``:
    propose → verify → accept → one host sync); then, the same for both, the rows' tokens are
    cut (``output.cut``), committed (``Batch.commit``: each row keeps its own accepted length)
    and emitted (``output.events``); finished rows leave, their state kept
@@ -78,6 +79,7 @@ class BatchDecoder:
         self.active: list[Stream] = []   # the batch's rows, in row order
         self.cycles = 0
         self._drafter_controller = None  # auto rows' controller when drafting without the head
+        self._chosen: tuple[int, str] | None = None  # the next cycle's auto depth, chosen ahead
         # finished streams' states, kept (prompt cache, disk cache) at the next step: after
         # the caller has handed out their last events
         self._to_keep: list[tuple] = []
@@ -210,6 +212,7 @@ class BatchDecoder:
         if ev.finish_reason is not None:
             return self._end(st, ev)
         self.plain.settle(self.active)
+        self._chosen = None  # the batch grows: its size's controller chooses
         self.batch.join(st.session, track=st.depth != 0)
         st.session = st.prefill = None
         self.active.append(st)
@@ -253,18 +256,39 @@ class BatchDecoder:
     # -- the cycle -------------------------------------------------------------------------------
     def _cycle(self) -> Emitted:
         streams = self.active
-        if self.share is None and plain.pipelined(streams):  # a cluster shares each token
+        ctrl = self._controller(len(streams)) if any(st.depth == "auto" for st in streams) \
+            else None
+        chosen, self._chosen = self._chosen, None  # the auto rows' depth, chosen ahead
+        local = self.share is None  # a cluster shares each token: never pipelined
+        if ctrl is not None and chosen is None and local and plain.pipelined(streams, auto=True):
+            chosen = ctrl.choose()
+        if local and plain.pipelined(streams, auto=chosen is not None and chosen[0] == 0):
             joining = bool(self.admission.waiting) and len(streams) < self.max_streams \
                 or self.admission.joining is not None
-            c, results, times = self.plain.cycle(streams, joining=joining)
+            c, results, times = self.plain.cycle(
+                streams, joining=joining, ahead=None if ctrl is None else self._ahead(ctrl))
+            if ctrl is not None:  # it learns from this cycle as from a speculative one
+                c.controller = ctrl
+                c.reasons = [chosen[1] if st.depth == "auto" else r
+                             for st, r in zip(streams, c.reasons)]
         else:
             self.plain.settle(streams)
-            ctrl = None
-            if any(st.depth == "auto" for st in streams):
-                ctrl = self._controller(len(streams))
             c, results, times = speculative.run(self.batch, streams, ctrl, self.plain.key_for,
-                                                profile=self.profile, share=self.share)
+                                                profile=self.profile, share=self.share,
+                                                chosen=chosen)
         return self._finish_cycle(c, results, times)
+
+    def _ahead(self, ctrl) -> Callable[[], bool]:
+        """For the plain pipeline with auto rows: whether to queue the next cycle's step now,
+        which takes choosing its depth now (kept for that cycle) — depth 0, or a queued step
+        would be rewound. Not while the controller warms up: its schedule counts the cycles
+        it has seen, and this one it has not seen yet."""
+        def ahead() -> bool:
+            if ctrl.warming_up:
+                return False
+            self._chosen = ctrl.choose()
+            return self._chosen[0] == 0
+        return ahead
 
     def _controller(self, rows: int):
         """The auto rows' depth controller: the carryover's for this batch size when the MTP

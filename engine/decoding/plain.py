@@ -1,7 +1,9 @@
 """Plain decoding, pipelined: a batch whose rows all decode at depth 0 with their tokens drawn
 on the device (no penalties, no grammar) queues each step on the previous step's lazy tokens
 before reading them, as mlx-lm's generation does, so building the next graph overlaps the
-current one's compute.
+current one's compute. ``auto`` rows ride it while their controller keeps choosing depth 0:
+the next cycle's depth is chosen before its step is queued (``PlainPipeline.cycle``'s
+``ahead``), and a cycle that drafts queues nothing ahead (no step is rewound for it).
 
 A row that finishes or is cancelled leaves the queued step (the prompt cache gets its state
 from before it: ``mark``); the step is rewound (``settle``; each row's key kept for the
@@ -11,6 +13,7 @@ redrawn densely (its token changes).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -43,10 +46,11 @@ class PlainStep:
                          mark=Batch.take_mark(self.mark, keep))
 
 
-def pipelined(streams: list[Stream]) -> bool:
-    """Every row decodes plainly with its token drawn on the device."""
-    return all(st.plain and st.row.constraint is None and st.reply.counts is None
-               for st in streams)
+def pipelined(streams: list[Stream], *, auto: bool = False) -> bool:
+    """Every row decodes plainly with its token drawn on the device (``auto``: or is an
+    ``auto`` row, whose controller chose depth 0 for this cycle)."""
+    return all((st.plain or auto and st.depth == "auto") and st.row.constraint is None
+               and st.reply.counts is None for st in streams)
 
 
 class PlainPipeline:
@@ -99,17 +103,18 @@ class PlainPipeline:
         mx.async_eval([y] + [e for e in exact if e is not None])
         return PlainStep(ver=ver, y=y, keys=keys, exact=exact, mark=mark)
 
-    def cycle(self, streams: list[Stream], *, joining: bool
-              ) -> tuple[Cycle, list[RowResult], dict]:
+    def cycle(self, streams: list[Stream], *, joining: bool,
+              ahead: Callable[[], bool] | None = None) -> tuple[Cycle, list[RowResult], dict]:
         """One token for every row: the step queued by the cycle before (else queued now),
-        the next step queued on its lazy tokens (unless a stream is ``joining``), then one
-        read. Returns the cycle, each row's token and the times so far."""
+        the next step queued on its lazy tokens (unless a stream is ``joining``, or
+        ``ahead()`` says the next cycle is not a plain one), then one read. Returns the
+        cycle, each row's token and the times so far."""
         t0 = time.perf_counter()
         cur, self.ahead = self.ahead, None
         start = t0 if cur is None else self.t_last  # a queued step ran since the last read
         if cur is None:
             cur = self.queue(streams, mx.array([st.x0 for st in streams], dtype=mx.int32))
-        if not joining:
+        if not joining and (ahead is None or ahead()):
             self.ahead = self.queue(streams, cur.y)
         t_queued = time.perf_counter()
         tokens = cur.y.tolist()

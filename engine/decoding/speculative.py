@@ -25,10 +25,11 @@ from engine.decoding.stream import Stream
 from engine.depth.controller import AdaptiveDepth
 
 
-def depths(streams: list[Stream], controller: AdaptiveDepth | None
-           ) -> tuple[list[int], list[str]]:
-    """Each row's depth this cycle and why (never past its budget's last token)."""
-    auto = controller.choose() if controller is not None else None
+def depths(streams: list[Stream], controller: AdaptiveDepth | None,
+           chosen: tuple[int, str] | None = None) -> tuple[list[int], list[str]]:
+    """Each row's depth this cycle and why (never past its budget's last token); the auto
+    rows' is ``chosen`` (the controller's choice made ahead), else the controller's now."""
+    auto = chosen if chosen is not None or controller is None else controller.choose()
     ks, reasons = [], []
     for st in streams:
         k, reason = auto if st.depth == "auto" else (st.depth, "fixed")
@@ -38,11 +39,12 @@ def depths(streams: list[Stream], controller: AdaptiveDepth | None
 
 
 def launch(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None, *,
-           profile: bool = False, share=None) -> Cycle:
+           profile: bool = False, share=None, chosen: tuple[int, str] | None = None) -> Cycle:
     """Depths, drafts (started computing) and the verify forward (lazy); ``share`` (a
-    cluster's): the verify runs on rank 0's drafts on every rank."""
+    cluster's): the verify runs on rank 0's drafts on every rank; ``chosen``: the auto rows'
+    depth, chosen ahead."""
     t0 = time.perf_counter()
-    ks, reasons = depths(streams, controller)
+    ks, reasons = depths(streams, controller, chosen)
     c = Cycle(ks=ks, reasons=reasons, proposals=[], t0=t0, controller=controller)
     x0s = [st.x0 for st in streams]
     c.proposals = proposer.propose(batch, [st.row for st in streams], x0s, c)
@@ -78,11 +80,11 @@ def _inputs(x0s: list[int], c: Cycle) -> mx.array:
 
 
 def run(batch: Batch, streams: list[Stream], controller: AdaptiveDepth | None,
-        plain_key: Callable[[Stream], mx.array], *, profile: bool = False, share=None
-        ) -> tuple[Cycle, list[RowResult], dict]:
+        plain_key: Callable[[Stream], mx.array], *, profile: bool = False, share=None,
+        chosen: tuple[int, str] | None = None) -> tuple[Cycle, list[RowResult], dict]:
     """One cycle up to its host sync; returns it, each row's result and its times. With
     ``share`` (a cluster's) every rank then takes rank 0's results: one decision."""
-    c = launch(batch, streams, controller, profile=profile, share=share)
+    c = launch(batch, streams, controller, profile=profile, share=share, chosen=chosen)
     fast = [st.row.greedy_fast for st in streams]
     if any(fast):
         c.target = mx.argmax(c.ver.logits, axis=-1).astype(mx.int32)

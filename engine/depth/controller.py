@@ -394,6 +394,11 @@ class AdaptiveDepth:
 
     # -- estimates -------------------------------------------------------------------------
     @property
+    def warming_up(self) -> bool:
+        """``choose`` still follows the warm-up schedule (every depth in turn)."""
+        return self.max_depth > 0 and self._cycles < self.warmup
+
+    @property
     def shifts(self) -> int:
         """How often a shift in acceptance within a reply was detected."""
         return self._acc.shifts
