@@ -19,6 +19,7 @@ from engine.decoding import plain as plain_mod
 from engine.decoding.decoder import BatchDecoder
 from tests.engine.decoding.test_batching import alone, same_weights
 from tests.engine.decoding.test_decode import prompts
+from tests.engine.decoding.test_distribution import small_vocab_model  # noqa: F401 (fixture)
 
 
 class Scripted:
@@ -130,3 +131,54 @@ def test_auto_rows_batched_with_fixed_rows_equal_plain_decoding(tiny_model, monk
         assert got[s.id] == ref, s.depth
     assert n["ran_queued"] > 5
     assert len(ctrl.timed) == dec.cycles
+
+
+class OpeningPlain(Scripted):
+    """Depth 0 for a reply's first cycle (pipelined), then ``then``: each reply mixes a plain
+    cycle and a drafting one."""
+
+    def __init__(self, then: int) -> None:
+        super().__init__([then])
+        self.n = 0
+
+    def choose(self) -> tuple[int, str]:
+        self.n += 1
+        self.chosen.append(0 if self.n == 1 else 1)
+        return self.chosen[-1], "scripted"
+
+    def new_request(self) -> None:
+        self.n = 0
+
+
+def test_sampled_auto_mixing_plain_and_drafting_cycles_follows_plain_distribution(
+        small_vocab_model, monkeypatch):
+    """Seeded sampled ``auto`` replies whose first cycle is a pipelined plain one and whose
+    second drafts: the joint distribution of the tokens the two cycles emit fits plain
+    sampling's, enumerated exactly (chi-square)."""
+    pytest.importorskip("scipy")
+    import numpy as np
+
+    from engine import SamplingParams
+    from tests.engine.decoding.test_distribution import (PROMPT, V, chi_square_p,
+                                                         exact_pair_distribution)
+
+    model, params = small_vocab_model, SamplingParams(temperature=1.0)
+    expected = exact_pair_distribution(model, params).ravel()
+    ctrl = OpeningPlain(then=1)
+    _scripted(monkeypatch, model, ctrl)
+    n = _count_rewinds(monkeypatch)
+    counts, ran = np.zeros(V * V), set()
+    for i in range(1200):
+        carryover_of(model).reset_prompt_cache()
+        toks, depths = [], []
+        for ev in model.generate(PROMPT, max_tokens=4, depth="auto", sampling=params,
+                                 seed=104729 + i):
+            toks.extend(ev.token_ids)
+            if ev.stats is not None:
+                depths.append(ev.stats.depth)
+        ran.add(tuple(depths))
+        counts[toks[1] * V + toks[2]] += 1
+    # t2 from the plain cycle, t3 from a drafting one (its draft accepted or not), every reply
+    assert {d[:2] for d in ran} == {(0, 1)}, ran
+    assert n["rewound"] == 0
+    assert chi_square_p(counts, expected) > 0.001
