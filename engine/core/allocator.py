@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import sys
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,6 @@ TRIM_BYTES = 256 << 20
 TUNE_ENV = "MTPCHAT_MALLOC_TUNE"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 _done: bool | None = None
-_decided: dict[str, bool] = {}
 
 
 def enabled() -> bool:
@@ -44,13 +42,8 @@ def enabled() -> bool:
     else on Linux."""
     from engine.models import cpu_products, device
 
-    if not device.is_cpu():
-        return False
-    raw = os.environ.get(TUNE_ENV, "")
-    if raw not in _decided:  # a malformed value warns once
-        value = cpu_products.env_switch(TUNE_ENV, "deciding by the platform")
-        _decided[raw] = sys.platform.startswith("linux") if value is None else value
-    return _decided[raw]
+    return device.is_cpu() and cpu_products.switch_once(
+        TUNE_ENV, sys.platform.startswith("linux"), "deciding by the platform")
 
 
 def reuse_freed_memory() -> bool:

@@ -259,10 +259,12 @@ class BatchDecoder:
         ctrl = self._controller(len(streams)) if any(st.depth == "auto" for st in streams) \
             else None
         chosen, self._chosen = self._chosen, None  # the auto rows' depth, chosen ahead
-        local = self.share is None  # a cluster shares each token: never pipelined
-        if ctrl is not None and chosen is None and local and plain.pipelined(streams, auto=True):
-            chosen = ctrl.choose()
-        if local and plain.pipelined(streams, auto=chosen is not None and chosen[0] == 0):
+        # a cluster shares each token: never pipelined
+        plainly = self.share is None and plain.pipelined(streams, auto=True)
+        if plainly and ctrl is not None:
+            chosen = chosen or ctrl.choose()
+            plainly = chosen[0] == 0
+        if plainly:
             joining = bool(self.admission.waiting) and len(streams) < self.max_streams \
                 or self.admission.joining is not None
             c, results, times = self.plain.cycle(

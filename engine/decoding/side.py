@@ -22,14 +22,12 @@ the app's worker).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 
 import mlx.core as mx
 
 SIDE_ENV = "MTPCHAT_SIDE_STREAM"
 _local = threading.local()
-_decided: dict[tuple[str, str], bool] = {}
 
 
 def enabled() -> bool:
@@ -37,11 +35,7 @@ def enabled() -> bool:
     both (it is asked at every prefill chunk: a malformed value warns once)."""
     from engine.models import cpu_products, device
 
-    key = (os.environ.get(SIDE_ENV, ""), device.branch())
-    if key not in _decided:
-        value = cpu_products.env_switch(SIDE_ENV, "deciding by the device")
-        _decided[key] = key[1] == "cpu" if value is None else value
-    return _decided[key]
+    return cpu_products.switch_once(SIDE_ENV, device.is_cpu(), "deciding by the device")
 
 
 def stream() -> mx.Stream | None:

@@ -29,7 +29,7 @@ def depths(streams: list[Stream], controller: AdaptiveDepth | None,
            chosen: tuple[int, str] | None = None) -> tuple[list[int], list[str]]:
     """Each row's depth this cycle and why (never past its budget's last token); the auto
     rows' is ``chosen`` (the controller's choice made ahead), else the controller's now."""
-    auto = chosen if chosen is not None or controller is None else controller.choose()
+    auto = chosen or (controller.choose() if controller is not None else None)
     ks, reasons = [], []
     for st in streams:
         k, reason = auto if st.depth == "auto" else (st.depth, "fixed")

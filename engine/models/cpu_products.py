@@ -60,6 +60,7 @@ _SWITCH = {"0": False, "false": False, "off": False, "no": False,
            "1": True, "true": True, "on": True, "yes": True}
 
 _state: dict[str, bool | int] = {}
+_decided: dict[tuple[str, str, bool], bool] = {}  # ``switch_once``
 
 
 def _openblas():
@@ -101,6 +102,17 @@ def env_switch(env: str, otherwise: str = "deciding by the BLAS") -> bool | None
     if value and value not in _SWITCH:
         log.warning("%s=%r is not 0 or 1; %s", env, value, otherwise)
     return _SWITCH.get(value)
+
+
+def switch_once(env: str, default: bool, otherwise: str) -> bool:
+    """``env_switch(env, otherwise)``, else ``default``: decided once per (variable, its value,
+    default), for switches asked on hot paths (a malformed value warns once, and a changed
+    value still takes effect)."""
+    key = (env, os.environ.get(env, ""), default)
+    if key not in _decided:
+        value = env_switch(env, otherwise)
+        _decided[key] = default if value is None else value
+    return _decided[key]
 
 
 def _switch(env: str, key: str, default) -> bool:
