@@ -22,6 +22,9 @@ Contract:
   own warm-up has run (a burst at the instant a server listens). (Without the acceptance a fresh controller's prior, 0.6 falling by
   position, chose depth 1-2 for the demo's first 4-stream burst: 1.5-2.0 tokens a cycle
   against 2.6-3.9 in the bursts after.)
+- First, one step per row count from ``max_streams`` down to 2: the warm-up's prompt that many
+  times prefilled together (``engine.decoding.together``: what a burst of new requests runs),
+  so its shapes are compiled too; these steps are not counted in ``done``/``total``.
 - ``step()`` runs ONE decoder step (at most one prefill chunk of a few tokens and one cycle)
   and returns whether more remain: the host calls it only while no request waits, so a request
   never waits for more than one warm-up cycle, and never for the whole warm-up.
@@ -94,6 +97,8 @@ class WarmUp:
         # per draft position: [times reached, times accepted] over the greedy units' rows
         self.tally: list[list[int]] = [[0, 0] for _ in range(max(depths, default=0))]
         self._steps = 0
+        self._together = _together_rows(model, self._ids, self.max_streams) if self.units \
+            else []
         self.finished = not self.units
 
     def cancel(self) -> None:
@@ -121,6 +126,9 @@ class WarmUp:
         return more
 
     def _advance(self) -> bool:
+        if self._together:
+            _prefill_together(self.model, self._ids, self._together.pop(0))
+            return True
         depth, params = self.units[self._unit]
         dec = self._dec
         if dec is None:
@@ -242,6 +250,39 @@ class WarmUp:
                 self.on_progress(self.done, self.total)
             except Exception:  # noqa: BLE001 - a broken listener must not stop the worker
                 log.exception("warm-up progress listener failed")
+
+
+def _together_rows(model, ids: list[int], max_streams: int) -> list[int]:
+    """The row counts whose prefill-together shapes the warm-up compiles (none where the
+    model cannot prefill prompts together)."""
+    from engine.decoding import together
+
+    try:
+        if not together.supported(model, len(ids)):
+            return []
+    except Exception:  # noqa: BLE001 - a model without the engine's forward: nothing to do
+        return []
+    return list(range(max_streams, together.MIN_ROWS - 1, -1))
+
+
+def _prefill_together(model, ids: list[int], rows: int) -> None:
+    """``ids`` prefilled ``rows`` times in one forward, evaluated, and dropped."""
+    import mlx.core as mx
+
+    from engine.core.carryover import Carryover
+    from engine.decoding import together
+    from engine.decoding.session import Session
+
+    use_mtp = model.mtp is not None
+    sessions = [Session.fresh(model, use_mtp=use_mtp) for _ in range(rows)]
+    cut = Carryover().checkpoint(model, ids)
+    together.prefill(model, sessions, [list(ids)] * rows, None if cut is None else len(ids) - cut)
+    arrays = []
+    for s in sessions:
+        arrays += [s.last_logits, s.last_hidden]
+        for c in s.trunk_cache + (s.mtp_cache or []):
+            arrays += [c.keys, c.values] if hasattr(c, "keys") else list(c.cache)
+    mx.eval([a for a in arrays if a is not None])
 
 
 def _prompt_ids(model) -> list[int]:

@@ -6,13 +6,17 @@ prefilled one chunk per admission (``Session.prefill_chunks``), so a long new pr
 batch's other rows for one chunk at a time (a step admits again while the next short prompt
 fits the same budget: ``BatchDecoder.parts``). When its prompt is done it draws its first token
 (its first key) and is ready to join the batch as a row.
+
+Short new prompts at the head of the line that fit one step's budget together (and free rows)
+prefill in one forward instead (``engine.decoding.together``): a burst of requests pays one
+prefill's fixed cost, not one each.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 
-from engine.decoding import draw
+from engine.decoding import draw, together
 from engine.decoding.stream import Stream
 from engine.types import Event, PrefillStats
 
@@ -42,13 +46,20 @@ class Admission:
             self.joining = None
         return out
 
-    def step(self, room: bool) -> Stream | None:
-        """One prefill chunk (when a stream is prefilling, or one waits and ``room``);
-        returns the stream whose prompt is now done, else None."""
+    def step(self, free: int, budget: int | None = None, active: int = 0) -> list[Stream]:
+        """One prefill chunk (when a stream is prefilling, or one waits and a row is
+        ``free``), or the prompts prefilled together (``together``: with at least two rows
+        free and ``budget`` prompt tokens for them); returns the streams whose prompts are now
+        done. ``active``: the rows decoding meanwhile (each a conversation whose state the
+        prompt cache keeps, ``_in_flight``)."""
         if self.joining is None:
-            if not self.waiting or not room:
-                return None
+            if not self.waiting or free < 1:
+                return []
+            group = self._together(free, budget, active)
+            if group:
+                return group
             self.joining = st = self.waiting.popleft()
+            self._in_flight(active + 1)
             st.session, st.reused = self.carryover.session_for(self.model, st.prompt,
                                                                self.use_mtp, st.media)
             st.prefill = self._prefill(st)
@@ -57,9 +68,59 @@ class Admission:
         more = next(st.prefill, None) is not None and len(st.session.fed) < len(st.prompt)
         self.fed += len(st.session.fed) - before
         if more:
-            return None  # more chunks to go: the batch runs a cycle meanwhile
+            return []  # more chunks to go: the batch runs a cycle meanwhile
         self.joining = None
-        return st
+        return [st]
+
+    def _in_flight(self, conversations: int) -> None:
+        """Before a prompt takes its state from the prompt cache: ``conversations`` are
+        decoded concurrently, so the cache keeps that many (one each, ``PromptCache``). A lone
+        chat keeps one; in a burst, the second request's ``take`` no longer drops the first's
+        checkpoint (its next turn was prefilled anew)."""
+        pc = self.carryover.prompt_cache
+        pc.max_lineages = max(pc.max_lineages, conversations)
+
+    def _together(self, free: int, budget: int | None, active: int = 0) -> list[Stream]:
+        """The streams at the head of the line, prefilled in one forward, when at least
+        ``together.MIN_ROWS`` qualify: at most ``free`` of them and ``budget`` prompt tokens in
+        all, text only, nothing of theirs in the prompt cache (in memory, or on disk for
+        prompts that long), and the chat template's checkpoint the same distance from the end
+        of each (one index of the padded forward). Else none: the head prefills alone."""
+        if self.share is not None or budget is None or free < together.MIN_ROWS:
+            return []
+        disk = self.carryover.disk_cache
+        group, total, back = [], 0, None
+        for st in self.waiting:
+            n = len(st.prompt)
+            if len(group) == free or total + n > budget or st.images or st.reply.cancelled:
+                break
+            if disk is not None and n >= disk.min_tokens:
+                break
+            if self.carryover.prompt_cache.holds(st.prompt, need_mtp=self.use_mtp,
+                                                 media=st.media):
+                break
+            cut = self.carryover.checkpoint(self.model, st.prompt)
+            b = None if cut is None else n - cut
+            if group and b != back:
+                break
+            group.append(st)
+            total, back = total + n, b
+        if len(group) < together.MIN_ROWS or \
+                not together.supported(self.model, max(len(st.prompt) for st in group)):
+            return []
+        self._in_flight(active + len(group))
+        for st in group:
+            self.waiting.popleft()
+            st.session, st.reused = self.carryover.session_for(self.model, st.prompt,
+                                                               self.use_mtp, st.media)
+        together.prefill(self.model, [st.session for st in group],
+                         [st.prompt for st in group], back)
+        for st in group:
+            if back is not None:
+                st.checkpoint = st.session.marked
+                self.carryover.prompt_cache.keep(st.checkpoint)
+            self.fed += len(st.prompt)
+        return group
 
     def fits(self, budget: int, *, room: bool) -> bool:
         """Whether the stream next in line would start and finish its prefill within

@@ -24,6 +24,7 @@ batched or alone, and greedy streams equal plain decoding.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -148,7 +149,7 @@ class BatchDecoder:
         budget = PREFILL_BUDGET
         while True:
             fed = self.admission.fed
-            yield self.admit_step
+            yield functools.partial(self.admit_step, budget=budget)
             if self.admission.fed == fed:  # nothing prefilled (none waited, or all cached)
                 break
             budget -= self.admission.fed - fed
@@ -161,9 +162,11 @@ class BatchDecoder:
         while self.busy:
             yield from self.step()
 
-    def admit_step(self) -> Emitted:
+    def admit_step(self, budget: int = PREFILL_BUDGET) -> Emitted:
         """End cancelled streams and run one prefill chunk (if a stream waits and a row is
-        free): a stream whose prompt is done gets its first token here and joins the batch.
+        free), or prefill the short prompts at the head of the line together (within
+        ``budget`` prompt tokens: ``admission``): a stream whose prompt is done gets its first
+        token here and joins the batch.
         (Callers that deliver events hand these out before the cycle: a joining stream's time
         to first token is its prefill chunk, not the cycle after it.) First the states of the
         streams that finished since the last step go to the prompt cache, before a prompt
@@ -175,8 +178,8 @@ class BatchDecoder:
         out += [self._end(self.active[b], self.active[b].reply.cancel_event(), row=b)
                 for b in gone]
         self._leave(gone)
-        st = self.admission.step(len(self.active) < self.max_streams)
-        if st is not None:
+        for st in self.admission.step(self.max_streams - len(self.active), budget,
+                                      len(self.active)):
             out.append(self._join(st))
         return out
 

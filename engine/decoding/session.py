@@ -272,6 +272,18 @@ class PromptCache:
         whose MTP cache is in step) and whose images are the prompt's images in that prefix
         (``media``: (start, tokens, digest) of each: equal ids with other pixels never
         match)."""
+        best = self._longest(prompt, need_mtp, media)
+        if self.max_lineages <= 1:
+            self.snapshots = []
+        elif best is not None:  # its lineage's buffers are about to be written
+            self.snapshots = [s for s in self.snapshots if s.lineage != best.lineage]
+        return best
+
+    def holds(self, prompt: list[int], *, need_mtp: bool = False, media: tuple = ()) -> bool:
+        """Whether ``take`` would find a snapshot for ``prompt`` (nothing dropped)."""
+        return self._longest(prompt, need_mtp, media) is not None
+
+    def _longest(self, prompt: list[int], need_mtp: bool, media: tuple) -> Snapshot | None:
         best = None
         for s in self.snapshots:
             n = len(s.fed)
@@ -284,10 +296,6 @@ class PromptCache:
                     continue
                 if best is None or n > len(best.fed):
                     best = s
-        if self.max_lineages <= 1:
-            self.snapshots = []
-        elif best is not None:  # its lineage's buffers are about to be written
-            self.snapshots = [s for s in self.snapshots if s.lineage != best.lineage]
         return best
 
 

@@ -167,12 +167,16 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
     return _gdn_out(gdn, out, z), GDNCapture(conv=convs, state=states)
 
 
-def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None) -> tuple[mx.array, ...]:
+def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None,
+                mask: mx.array | None = None) -> tuple[mx.array, ...]:
     """(conv input, q, k, v, z, b, a) of a GatedDeltaNet over ``x`` [B, S, D]: mlx-lm's
     projections, causal conv (after ``conv_state``, zeros when None; ``conv``: instead of the
-    layer's ``conv1d``) and q/k normalisation."""
+    layer's ``conv1d``) and q/k normalisation. ``mask`` [B, S] (False: a left-padding
+    position): the conv reads zeros there, as mlx-lm's layer does."""
     B, S, _ = x.shape
     qkv, z, b, a = project(gdn, x)
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
     n_keep = gdn.conv_kernel_size - 1
     if conv_state is None:
         conv_state = mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
@@ -201,16 +205,21 @@ def _gdn_out(gdn, out: mx.array, z: mx.array) -> mx.array:
 
 
 def gdn_prefill(gdn, x: mx.array, cache, project=split_projections, mark: int | None = None,
-                ) -> tuple[mx.array, GDNCapture | None]:
+                mask: mx.array | None = None) -> tuple[mx.array, GDNCapture | None]:
     """A GatedDeltaNet over a prompt chunk ``x`` [B, S, D] with its recurrence in chunks
     (``gdn_chunked``; mlx-lm's layer runs it one token at a time off Metal); leaves the cache
     as mlx-lm's layer does (the last conv window, the final state). With ``mark`` (0 < mark <
     S) the recurrence runs in two parts split there, and the layer's state after ``mark``
-    tokens comes back too (a one-step ``GDNCapture``); else None."""
+    tokens comes back too (a one-step ``GDNCapture``); else None. ``mask`` [B, S] (False:
+    left padding, ``engine.decoding.together``): a padded position feeds the conv zeros (what
+    a fresh row's conv window holds) and leaves the recurrent state as it was (no decay, no
+    update), so a fresh row ends with its own tokens' state."""
     conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project,
                                                functools.partial(gdn_chunked.depthwise_conv,
-                                                                 gdn.conv1d))
+                                                                 gdn.conv1d), mask)
     log_g, beta = gdn_chunked.log_decay(gdn.A_log, a, gdn.dt_bias), mx.sigmoid(b)
+    if mask is not None:
+        log_g, beta = mx.where(mask[..., None], log_g, 0), mx.where(mask[..., None], beta, 0)
     n_keep = gdn.conv_kernel_size - 1
     cap = None
     if mark is None:
@@ -588,10 +597,11 @@ CHUNKED_PREFILL_MIN = 8
 
 def linear_prefill(layer, x: mx.array, cache, cpu: bool | None = None,
                    project=split_projections, mark: int | None = None,
-                   ) -> tuple[mx.array, GDNCapture | None]:
+                   mask: mx.array | None = None) -> tuple[mx.array, GDNCapture | None]:
     """mlx-lm's GDN decoder layer over a prompt chunk, its recurrence chunked (``gdn_prefill``;
-    ``mark``: its state there too)."""
-    out, cap = gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project, mark)
+    ``mark``: its state there too; ``mask``: left padding)."""
+    out, cap = gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project, mark,
+                           mask)
     return mlp_block(layer, x + out, cpu), cap
 
 
@@ -619,8 +629,8 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
     layers unchanged, but for its GDN recurrence on the CPU branch, which runs in chunks
-    (``linear_prefill``, from ``CHUNKED_PREFILL_MIN`` tokens, rows without padding). The
-    device branch (engine/models/device.py) is read once, here.
+    (``linear_prefill``, from ``CHUNKED_PREFILL_MIN`` tokens; left-padded rows too:
+    ``engine.decoding.together``). The device branch (engine/models/device.py) is read once.
     ``project``: the GDN layers' input projections (``split_projections``: Qwen3.5's).
 
     Split across machines by mlx-lm (``engine.distributed.family``): tensor parallel needs
@@ -641,15 +651,15 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
         x = mx.distributed.recv_like(x, rank + 1)
     fused = capture or inputs.shape[1] == 1
     chunked = cpu and not capture and inputs.shape[1] >= CHUNKED_PREFILL_MIN
-    _check_mark(mark, chunked and ssm_mask is None, inputs.shape[1])
+    _check_mark(mark, chunked, inputs.shape[1])
     captures: dict[int, GDNCapture] = {}
     for i, (layer, c) in enumerate(zip(inner.pipeline_layers, cache)):
         if not fused or (layer.is_linear and ssm_mask is not None and not capture):
             if not layer.is_linear:
                 x = _prefill_attention(layer, x, fa_mask, c, cpu)
                 continue
-            if chunked and ssm_mask is None:
-                x, cap = linear_prefill(layer, x, c, cpu, project, mark)
+            if chunked:
+                x, cap = linear_prefill(layer, x, c, cpu, project, mark, ssm_mask)
                 if cap is not None:
                     captures[i] = cap
                 continue

@@ -196,3 +196,30 @@ def test_a_request_at_the_start_finds_the_scheduler_thread_free(tiny_model, monk
         sched.stop()
         carryover_of(tiny_model).cost_hints.clear()
         carryover_of(tiny_model).acceptance_hint.clear()
+
+
+def test_warmup_compiles_prefills_together_first(tiny_model, monkeypatch):
+    """Before its units, one step per row count from ``max_streams`` down to 2 prefills the
+    warm-up's prompt that many times together (what a burst of new requests runs); those
+    steps are not counted as shapes."""
+    from engine.decoding import together
+
+    calls = []
+    real = together.prefill
+
+    def spy(model, sessions, prompts, back):
+        calls.append((len(sessions), len(prompts[0])))
+        return real(model, sessions, prompts, back)
+    monkeypatch.setattr(together, "prefill", spy)
+    w = warmup.WarmUp(tiny_model, max_streams=3, depths=(1,), samplings=(warmup.GREEDY,))
+    n = len(warmup._prompt_ids(tiny_model))
+    assert w.step() and w.step() and w.done == 0
+    assert calls == [(3, n), (2, n)]
+    while w.step():
+        pass
+    assert w.finished and w.done == w.total == 3 and len(calls) == 2
+    monkeypatch.setattr(together, "MIN_ROWS", 99)  # a model that cannot: no such steps
+    w = warmup.WarmUp(tiny_model, max_streams=3, depths=(1,), samplings=(warmup.GREEDY,))
+    while w.step():
+        pass
+    assert len(calls) == 2 and w.done == w.total

@@ -532,12 +532,22 @@ def test_a_plain_batch_switches_to_speculation_and_back(tiny_model, monkeypatch)
     assert ran["plain"] > 10 and ran["full"] >= 2, ran
 
 
-def test_short_prompts_that_arrive_together_join_in_one_step(tiny_model, monkeypatch):
-    """Prompts waiting together are prefilled in one step while they fit ``PREFILL_BUDGET``
-    prompt tokens (each first token handed out as it comes), so they join the batch together;
-    past the budget the next waits for the next step. Replies are unchanged."""
-    from engine.decoding import decoder as decoder_mod
+def _name(part) -> str:
+    return getattr(part, "func", part).__name__
 
+
+@pytest.mark.parametrize("together", [True, False], ids=["one forward", "one each"])
+def test_short_prompts_that_arrive_together_join_in_one_step(tiny_model, monkeypatch,
+                                                             together):
+    """Prompts waiting together are prefilled in one step while they fit ``PREFILL_BUDGET``
+    prompt tokens (in one forward, ``engine.decoding.together``; else one admission each,
+    each first token handed out as it comes), so they join the batch together; past the
+    budget the next waits for the next step. Replies are unchanged."""
+    from engine.decoding import decoder as decoder_mod
+    from engine.decoding import together as together_mod
+
+    if not together:
+        monkeypatch.setattr(together_mod, "MIN_ROWS", 99)
     ps = prompts(4, seed=41)
     refs = [alone(tiny_model, p, depth=2, max_tokens=9) for p in ps]
     carryover_of(tiny_model).reset_prompt_cache()
@@ -546,12 +556,12 @@ def test_short_prompts_that_arrive_together_join_in_one_step(tiny_model, monkeyp
     got = {s.id: [] for s in streams}
     names, first = [], []
     for part in dec.parts():  # the generator decides the next part after each call
-        names.append(part.__name__)
+        names.append(_name(part))
         for st, ev in part():
             got[st.id].extend(ev.token_ids)
-            if part.__name__ == "admit_step":
+            if _name(part) == "admit_step":
                 first.append(st.id)
-    assert names == ["admit_step"] * 4 + ["cycle_step"]
+    assert names == ["admit_step"] * (1 if together else 4) + ["cycle_step"]
     assert len(first) == 4 and len(dec.active) == 4
     for st, ev in dec.run():
         got[st.id].extend(ev.token_ids)
