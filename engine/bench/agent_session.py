@@ -13,7 +13,11 @@ The assistant turns are fixed text (not the model's replies), so both servers se
 conversation and the prompt grows the same way: ``--turns`` turns, each tool result about
 ``--result-words`` words, ``--reply-tokens`` tokens generated per turn.
 ``--depth`` fixes this engine's depth (default auto), ``--plain`` also runs every turn at
-depth 0 (from the prompt cache the compared turn left) and prints the speed-up, ``--context``
+depth 0 on a second ``engine serve`` of its own and prints the speed-up (each turn there is
+a first request too, with the turn's new part to prefill: in process, on turns 3-16, the
+second of two requests for the same prompt decoded ~3 % faster than the first whichever depth
+went first, so a rerun from the compared turn's prompt cache made ``auto`` look slower than
+depth 0 than it is), ``--context``
 runs on a copy of the model whose config allows that many positions (the demo's says 8192).
 Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700 --context 40000
 --depth 3 --plain`` (~32k tokens at the last turn on the demo).
@@ -172,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", default="auto",
                    help="this engine's depth for the compared turn (auto or 0..6)")
     p.add_argument("--plain", action="store_true",
-                   help="also run each turn at depth 0 on this engine (after the compared "
-                        "turn, from its prompt cache) and print the speed-up")
+                   help="also run each turn at depth 0 on a second engine server (its own "
+                        "prompt cache: a first request, as the compared turn) and print the "
+                        "speed-up")
     p.add_argument("--context", type=int, default=0,
                    help="run on a copy of the model allowing this many positions")
     p.add_argument("--skip-mlx-lm", action="store_true")
@@ -188,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.context:
         model = with_context(model, args.context, Path(tmp.name) / "model")
     ours, url = start_server(model, True)
+    plain_server, plain_url = start_server(model, True) if args.plain else (None, None)
     theirs, their_url = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
     # The engine's warm-up compiles in the background after it loads: no turn is measured
     # while it runs. Its work on the other core does not only slow this engine's first turns:
     # on a VM whose idle cores sleep, it made mlx-lm's first turns faster (its second turn,
     # 1,063 tokens, at 1.6-1.8x its third), which read as this engine losing turn 2.
     wait_warm(url)
+    if plain_url:
+        wait_warm(plain_url)
     print(f"engine depth {depth}; TTFT ms and decode tok/s per turn; ratios engine / mlx-lm"
           + ("; speed-up: engine / its own depth 0" if args.plain else ""), flush=True)
     print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio  tok/cyc"
@@ -210,11 +218,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{a_ttft / b_ttft if b_ttft else 0:6.2f}   {a_rate:13.1f} {b_rate:7.1f} "
                     f"{a_rate / b_rate if b_rate else 0:6.2f}  {per_cycle:7.2f}")
             if args.plain:
-                plain = turn(url, msgs, args.reply_tokens, None, 0)[1]
+                plain = turn(plain_url, msgs, args.reply_tokens, None, 0)[1]
                 line += f"   {plain:7.1f}  {a_rate / plain if plain else 0:8.2f}"
             print(line, flush=True)
     finally:
         stop_server(ours)
+        if plain_server is not None:
+            stop_server(plain_server)
         if theirs is not None:
             theirs.terminate()
             theirs.wait(30)
