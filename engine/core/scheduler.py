@@ -48,7 +48,9 @@ stand-in with the same protocol: ``add``, ``admit_step``, ``cycle_step``, ``busy
 Up to ``max_streams`` requests decode together: they join between cycles after their prefill
 and leave when they finish, each with its own sampling, seed, depth and cancel flag, and every
 sink sees exactly what it would see alone (the same ``Event`` stream, then ``Done``).
-``run_next`` runs until the decoder is empty (requests that arrive meanwhile join it).
+``run_next`` runs until the decoder is empty (requests that arrive meanwhile join it). An idle
+worker that takes a request first takes those arriving right behind it (``_gather``: each
+within ``GATHER_S``), so a burst starts in one step and prefills in one forward.
 """
 from __future__ import annotations
 
@@ -380,8 +382,8 @@ class Scheduler:
         left (see "Decoding" in the module docstring). False when ``stop`` was called."""
         dec = self._decoder()
         live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
-        go_on = True
         self._held.append(job)
+        go_on = self._gather()
         self.memory.remeasure()  # nothing runs yet
         while True:
             self._admit_held(dec, live)
@@ -401,6 +403,23 @@ class Scheduler:
                 return go_on
             if not self._batch_step(dec, live):
                 dec = self._decoder()
+
+    def _gather(self) -> bool:
+        """Before a batch's first step: take the requests that arrive right behind the first
+        (each within ``GATHER_S`` of the one before, at most ``GATHER_MAX_S`` in all), so a
+        burst of clients' requests, which reach the queue a few milliseconds apart, prefill
+        together (``engine.decoding.together``) instead of the first alone. A lone request
+        waits ``GATHER_S``. False when ``stop`` came meanwhile."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < GATHER_MAX_S:
+            nxt = _poll(self._queue, GATHER_S)
+            if nxt is _EMPTY:
+                break
+            if nxt is None:
+                return False
+            self._held.append(nxt)
+        log.debug("gathered %d in %.1f ms", len(self._held), (time.perf_counter() - t0) * 1e3)
+        return True
 
     def _admit_held(self, dec, live: dict, force: bool = False) -> None:
         """Admit the requests taken from the queue, in order, while the memory budget holds
@@ -537,6 +556,8 @@ _EMPTY = object()  # what ``_poll`` gives when nothing waits (None is the stop s
 # fresh server's first 4-stream burst: 0.70 of a warm burst with the warm-up stepping from
 # the start, 0.95 with it off, on the CI machine kind).
 WARM_IDLE_S = 0.3
+GATHER_S = 0.002      # a request this soon after the one before joins a new batch's first step
+GATHER_MAX_S = 0.02   # ... for at most this long
 
 
 def _poll(q: queue.Queue, wait: float = 0.0):

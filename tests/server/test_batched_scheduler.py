@@ -124,3 +124,45 @@ def test_hosted_batch_runs_everything_in_one_run_next(tiny_model):
     assert all(k.done.is_set() for k in sinks)
     assert [k.tokens for k in sinks] == refs
     assert s.run_next() is False and s.busy == 0
+
+
+def test_a_burst_arriving_a_few_ms_apart_prefills_together(tiny_model, monkeypatch):
+    """Requests that reach an idle worker's queue a millisecond or two apart (a burst of
+    clients) start in one batch step and prefill in one forward; a lone request starts after
+    waiting ``GATHER_S`` at most once."""
+    from engine.core import scheduler as sched_mod
+    from engine.decoding import together
+
+    groups = []
+    real = together.prefill
+
+    def spy(model, sessions, prompts_, back):
+        groups.append(len(sessions))
+        return real(model, sessions, prompts_, back)
+    monkeypatch.setattr(together, "prefill", spy)
+    # wider than the shipped 2 ms, so a loaded machine's scheduling cannot split the burst
+    monkeypatch.setattr(sched_mod, "GATHER_S", 0.05)
+    monkeypatch.setattr(sched_mod, "GATHER_MAX_S", 0.5)
+    ps = [p for p in prompts(12, seed=9) if len(p) >= 8][:4]
+    refs = [_alone(tiny_model, p, depth=2, max_tokens=10) for p in ps]
+    carryover_of(tiny_model).reset_prompt_cache()
+    s = Scheduler(model=tiny_model, max_streams=4).start()
+    try:
+        sinks = [Sink() for _ in ps]
+        for i, p in enumerate(ps):
+            s.submit(GenRequest(id=str(i), prompt_ids=tuple(p), depth=2, max_tokens=10),
+                     sinks[i])
+            time.sleep(0.01)
+        for k in sinks:
+            assert k.done.wait(60)
+        assert groups == [4]
+        assert [k.tokens for k in sinks] == refs
+        lone = Sink()
+        t0 = time.perf_counter()
+        s.submit(GenRequest(id="lone", prompt_ids=tuple(ps[0][:-1]), max_tokens=2), lone)
+        assert lone.done.wait(60)
+        started = next(i for i in lone.items if isinstance(i, Started))
+        assert started.waited_s < 0.3  # one GATHER_S, not GATHER_MAX_S
+        assert time.perf_counter() - t0 < 5
+    finally:
+        s.stop()
