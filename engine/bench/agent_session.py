@@ -166,6 +166,22 @@ def with_context(model: str, context: int, into: Path) -> str:
     return str(into)
 
 
+def _servers(model: str, args) -> tuple[tuple, tuple, tuple]:
+    """(process, url) of this engine's server, of its depth-0 one (``--plain``) and of
+    mlx-lm's ((None, None) where not run), each engine server warm."""
+    ours = start_server(model, True)
+    plain = start_server(model, True) if args.plain else (None, None)
+    theirs = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
+    # The engine's warm-up compiles in the background after it loads: no turn is measured
+    # while it runs. Its work on the other core does not only slow this engine's first turns:
+    # on a VM whose idle cores sleep, it made mlx-lm's first turns faster (its second turn,
+    # 1,063 tokens, at 1.6-1.8x its third), which read as this engine losing turn 2.
+    for _, url in (ours, plain):
+        if url:
+            wait_warm(url)
+    return ours, plain, theirs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.agent_session",
                                 description=__doc__.split("\n")[0])
@@ -192,16 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="agent-session-")
     if args.context:
         model = with_context(model, args.context, Path(tmp.name) / "model")
-    ours, url = start_server(model, True)
-    plain_server, plain_url = start_server(model, True) if args.plain else (None, None)
-    theirs, their_url = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
-    # The engine's warm-up compiles in the background after it loads: no turn is measured
-    # while it runs. Its work on the other core does not only slow this engine's first turns:
-    # on a VM whose idle cores sleep, it made mlx-lm's first turns faster (its second turn,
-    # 1,063 tokens, at 1.6-1.8x its third), which read as this engine losing turn 2.
-    wait_warm(url)
-    if plain_url:
-        wait_warm(plain_url)
+    (ours, url), (plain_server, plain_url), (theirs, their_url) = _servers(model, args)
     print(f"engine depth {depth}; TTFT ms and decode tok/s per turn; ratios engine / mlx-lm"
           + ("; speed-up: engine / its own depth 0" if args.plain else ""), flush=True)
     print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio  tok/cyc"

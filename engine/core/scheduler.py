@@ -383,7 +383,7 @@ class Scheduler:
         dec = self._decoder()
         live: dict[str, tuple[GenRequest, Sink, ReplyTally]] = {}
         self._held.append(job)
-        go_on = self._gather()
+        go_on = _gather(self._queue, self._held)
         self.memory.remeasure()  # nothing runs yet
         while True:
             self._admit_held(dec, live)
@@ -403,23 +403,6 @@ class Scheduler:
                 return go_on
             if not self._batch_step(dec, live):
                 dec = self._decoder()
-
-    def _gather(self) -> bool:
-        """Before a batch's first step: take the requests that arrive right behind the first
-        (each within ``GATHER_S`` of the one before, at most ``GATHER_MAX_S`` in all), so a
-        burst of clients' requests, which reach the queue a few milliseconds apart, prefill
-        together (``engine.decoding.together``) instead of the first alone. A lone request
-        waits ``GATHER_S``. False when ``stop`` came meanwhile."""
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < GATHER_MAX_S:
-            nxt = _poll(self._queue, GATHER_S)
-            if nxt is _EMPTY:
-                break
-            if nxt is None:
-                return False
-            self._held.append(nxt)
-        log.debug("gathered %d in %.1f ms", len(self._held), (time.perf_counter() - t0) * 1e3)
-        return True
 
     def _admit_held(self, dec, live: dict, force: bool = False) -> None:
         """Admit the requests taken from the queue, in order, while the memory budget holds
@@ -558,6 +541,24 @@ _EMPTY = object()  # what ``_poll`` gives when nothing waits (None is the stop s
 WARM_IDLE_S = 0.3
 GATHER_S = 0.002      # a request this soon after the one before joins a new batch's first step
 GATHER_MAX_S = 0.02   # ... for at most this long
+
+
+def _gather(q: queue.Queue, held: list) -> bool:
+    """Before a batch's first step: move to ``held`` the requests that arrive right behind the
+    first (each within ``GATHER_S`` of the one before, at most ``GATHER_MAX_S`` in all), so a
+    burst of clients' requests, which reach the queue a few milliseconds apart, prefill
+    together (``engine.decoding.together``) instead of the first alone. A lone request waits
+    ``GATHER_S``. False when ``stop`` came meanwhile."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < GATHER_MAX_S:
+        nxt = _poll(q, GATHER_S)
+        if nxt is _EMPTY:
+            break
+        if nxt is None:
+            return False
+        held.append(nxt)
+    log.debug("gathered %d in %.1f ms", len(held), (time.perf_counter() - t0) * 1e3)
+    return True
 
 
 def _poll(q: queue.Queue, wait: float = 0.0):
