@@ -168,17 +168,22 @@ def with_context(model: str, context: int, into: Path) -> str:
 
 def _servers(model: str, args) -> tuple[tuple, tuple, tuple]:
     """(process, url) of this engine's server, of its depth-0 one (``--plain``) and of
-    mlx-lm's ((None, None) where not run), each engine server warm."""
+    mlx-lm's ((None, None) where not run), started one after the other, each engine server
+    warm before the next starts.
+
+    The engine's warm-up compiles in the background after it loads: no turn is measured while
+    it runs. Its work on the other core does not only slow this engine's first turns: on a VM
+    whose idle cores sleep, it made mlx-lm's first turns faster (its second turn, 1,063
+    tokens, at 1.6-1.8x its third), which read as this engine losing turn 2. Two warm-ups at
+    once time each other's cycles, and the costs they hand the depth controllers (and save
+    for the next process) are then wrong."""
     ours = start_server(model, True)
-    plain = start_server(model, True) if args.plain else (None, None)
+    wait_warm(ours[1])
+    plain = (None, None)
+    if args.plain:
+        plain = start_server(model, True)
+        wait_warm(plain[1])
     theirs = (None, None) if args.skip_mlx_lm else start_mlx_lm(model)
-    # The engine's warm-up compiles in the background after it loads: no turn is measured
-    # while it runs. Its work on the other core does not only slow this engine's first turns:
-    # on a VM whose idle cores sleep, it made mlx-lm's first turns faster (its second turn,
-    # 1,063 tokens, at 1.6-1.8x its third), which read as this engine losing turn 2.
-    for _, url in (ours, plain):
-        if url:
-            wait_warm(url)
     return ours, plain, theirs
 
 
