@@ -54,7 +54,7 @@ _EXP2 = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
 _LOG2E = 1.4426950408889634
 
 
-def _exp_parts(x: mx.array) -> tuple[mx.array, mx.array]:
+def exp_parts(x: mx.array) -> tuple[mx.array, mx.array]:
     """e^x for x <= 0 as 2^f (a polynomial) times 2^n (the bits of a float32: n + 127 in
     its exponent field; n >= -127, where the bits are 0 and so is the product)."""
     y = mx.maximum(x * _LOG2E, -127.0)
@@ -68,7 +68,7 @@ def _exp_parts(x: mx.array) -> tuple[mx.array, mx.array]:
 
 # shapeless: the key count grows by one every step (``view`` cannot be traced shapeless,
 # so the last multiply runs outside)
-_exp_parts_compiled = mx.compile(_exp_parts, shapeless=True)
+_exp_parts_compiled = mx.compile(exp_parts, shapeless=True)
 
 
 def softmax(scores: mx.array) -> mx.array:

@@ -12,8 +12,9 @@ import mlx.nn as nn
 from mlx_lm.models.base import (create_attention_mask, create_ssm_mask,
                                 scaled_dot_product_attention)
 from mlx_lm.models.qwen3_5 import gather_last_axis
+from mlx_lm.models.qwen3_next import Qwen3NextRMSNormGated
 
-from engine.models import cpu_attention, device, gdn_chunked
+from engine.models import cpu_attention, cpu_math, device, gdn_chunked
 
 # The capture forward must run the same arithmetic as mlx-lm's own GatedDeltaNet (that is
 # what plain decoding runs), so it shares these helpers with it. Some are private to mlx-lm
@@ -168,11 +169,12 @@ def _gdn_capture(gdn, x: mx.array, cache, cpu: bool | None = None,
 
 
 def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None,
-                mask: mx.array | None = None) -> tuple[mx.array, ...]:
+                mask: mx.array | None = None, fast: bool = False) -> tuple[mx.array, ...]:
     """(conv input, q, k, v, z, b, a) of a GatedDeltaNet over ``x`` [B, S, D]: mlx-lm's
     projections, causal conv (after ``conv_state``, zeros when None; ``conv``: instead of the
     layer's ``conv1d``) and q/k normalisation. ``mask`` [B, S] (False: a left-padding
-    position): the conv reads zeros there, as mlx-lm's layer does."""
+    position): the conv reads zeros there, as mlx-lm's layer does. ``fast``: the SiLU of
+    ``cpu_math`` (a prefill's large arrays)."""
     B, S, _ = x.shape
     qkv, z, b, a = project(gdn, x)
     if mask is not None:
@@ -181,7 +183,7 @@ def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None,
     if conv_state is None:
         conv_state = mx.zeros((B, n_keep, gdn.conv_dim), x.dtype)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    conv_out = nn.silu((conv or gdn.conv1d)(conv_input))
+    conv_out = (cpu_math.silu if fast else nn.silu)((conv or gdn.conv1d)(conv_input))
     q, k, v = [
         t.reshape(B, S, h, d)
         for t, h, d in zip(
@@ -194,10 +196,17 @@ def _gdn_inputs(gdn, x: mx.array, conv_state, project, conv=None,
     return conv_input, q, k, v, z, b, a
 
 
-def _gdn_out(gdn, out: mx.array, z: mx.array) -> mx.array:
-    """The gated norm and output projection (summed over ranks under tensor parallelism)."""
+def _gdn_out(gdn, out: mx.array, z: mx.array, fast: bool = False) -> mx.array:
+    """The gated norm and output projection (summed over ranks under tensor parallelism).
+    ``fast``: mlx-lm's gated norm with ``cpu_math``'s SiLU (a prefill's large arrays)."""
     B, S = out.shape[:2]
-    out = gdn.out_proj(gdn.norm(out, z).reshape(B, S, -1))
+    norm = gdn.norm
+    if fast and isinstance(norm, Qwen3NextRMSNormGated):
+        y = mx.fast.rms_norm(out, norm.weight, norm.eps)
+        y = (cpu_math.silu(z.astype(mx.float32)) * y.astype(mx.float32)).astype(out.dtype)
+    else:
+        y = norm(out, z)
+    out = gdn.out_proj(y.reshape(B, S, -1))
     group = getattr(gdn, "sharding_group", None)  # tensor parallel: this rank's heads' part
     if group is not None:
         out = mx.distributed.all_sum(out, group=group)
@@ -216,7 +225,7 @@ def gdn_prefill(gdn, x: mx.array, cache, project=split_projections, mark: int | 
     update), so a fresh row ends with its own tokens' state."""
     conv_input, q, k, v, z, b, a = _gdn_inputs(gdn, x, cache[0], project,
                                                functools.partial(gdn_chunked.depthwise_conv,
-                                                                 gdn.conv1d), mask)
+                                                                 gdn.conv1d), mask, fast=True)
     log_g, beta = gdn_chunked.log_decay(gdn.A_log, a, gdn.dt_bias), mx.sigmoid(b)
     if mask is not None:
         log_g, beta = mx.where(mask[..., None], log_g, 0), mx.where(mask[..., None], beta, 0)
@@ -234,7 +243,7 @@ def gdn_prefill(gdn, x: mx.array, cache, project=split_projections, mark: int | 
                          state=[mid])
     cache[0] = mx.contiguous(conv_input[:, -n_keep:, :])
     cache[1] = state
-    return _gdn_out(gdn, out, z), cap
+    return _gdn_out(gdn, out, z, fast=True), cap
 
 
 def _gdn_capture_fused(gdn, x: mx.array, cache, cpu: bool | None = None,
@@ -369,14 +378,24 @@ def _shared_plain() -> _Shared:
     return shared
 
 
-def mlp_block(layer, h: mx.array, cpu: bool | None = None) -> mx.array:
+def mlp_block(layer, h: mx.array, cpu: bool | None = None, prefill: bool = False) -> mx.array:
     """A decoder layer's second half, ``h + mlp(post_attention_layernorm(h))``, as one
     ``mx.compile``d function per layer on the CPU branch for a dense MLP (the same operations:
-    bit-identical to mlx-lm's layer, tested; MoE blocks run as they are)."""
+    bit-identical to mlx-lm's layer, tested; MoE blocks run as they are). ``prefill`` (a
+    prompt chunk): its SiLU is ``cpu_math``'s."""
+    if not _cpu(cpu) or not hasattr(layer.mlp, "gate_proj"):
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+    if prefill:
+        mlp = layer.mlp
+
+        def fast(h):
+            y = layer.post_attention_layernorm(h)
+            return h + mlp.down_proj(cpu_math.silu(mlp.gate_proj(y)) * mlp.up_proj(y))
+        return compiled_on(layer, "_mtpchat_mlp_prefill", fast,
+                           [layer.mlp.state, layer.post_attention_layernorm.state])(h)
+
     def half(h):
         return h + layer.mlp(layer.post_attention_layernorm(h))
-    if not _cpu(cpu) or not hasattr(layer.mlp, "gate_proj"):
-        return half(h)
     return compiled_on(layer, "_mtpchat_mlp", half,
                        [layer.mlp.state, layer.post_attention_layernorm.state])(h)
 
@@ -452,7 +471,9 @@ def _prefill_attention(layer, x: mx.array, mask, cache, cpu: bool) -> mx.array:
         return attention_layer(layer, x, mask, cache, cpu)
     if cpu and host_prefill(layer, cache, x.shape[1]):
         return prefill_attention_layer(layer, x, mask, cache)
-    return layer(x, mask=mask, cache=cache)
+    # mlx-lm's decoder layer, its MLP half with ``cpu_math``'s SiLU on the CPU
+    h = x + layer.self_attn(layer.input_layernorm(x), mask, cache)
+    return mlp_block(layer, h, cpu, prefill=True)
 
 
 def host_prefill(layer, cache, queries: int) -> bool:
@@ -602,7 +623,7 @@ def linear_prefill(layer, x: mx.array, cache, cpu: bool | None = None,
     ``mark``: its state there too; ``mask``: left padding)."""
     out, cap = gdn_prefill(layer.linear_attn, layer.input_layernorm(x), cache, project, mark,
                            mask)
-    return mlp_block(layer, x + out, cpu), cap
+    return mlp_block(layer, x + out, cpu, prefill=True), cap
 
 
 def marks(tokens: int) -> bool:
@@ -628,9 +649,9 @@ def forward_hidden(text_model, inputs: mx.array, cache: list, *, capture: bool =
     ``capture`` or one token per row (a decode step), each layer runs as mlx-lm's decoder
     layer does, on the CPU branch compiled: a GDN layer whole (``linear_layer``), an attention layer in two
     parts around its cache update (``attention_layer``); a prefill chunk runs mlx-lm's
-    layers unchanged, but for its GDN recurrence on the CPU branch, which runs in chunks
-    (``linear_prefill``, from ``CHUNKED_PREFILL_MIN`` tokens; left-padded rows too:
-    ``engine.decoding.together``). The device branch (engine/models/device.py) is read once.
+    layers, but on the CPU branch its GDN recurrence in chunks (``linear_prefill``, from
+    ``CHUNKED_PREFILL_MIN`` tokens; left-padded rows too: ``engine.decoding.together``) and
+    its SiLUs fused (``cpu_math``). The device branch (engine/models/device.py) is read once.
     ``project``: the GDN layers' input projections (``split_projections``: Qwen3.5's).
 
     Split across machines by mlx-lm (``engine.distributed.family``): tensor parallel needs
