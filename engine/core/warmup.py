@@ -127,7 +127,7 @@ class WarmUp:
 
     def _advance(self) -> bool:
         if self._together:
-            _prefill_together(self.model, self._ids, self._together.pop(0))
+            _prefill_together(self.model, self._ids, self._together.pop(0), self._carry)
             return True
         depth, params = self.units[self._unit]
         dec = self._dec
@@ -265,24 +265,21 @@ def _together_rows(model, ids: list[int], max_streams: int) -> list[int]:
     return list(range(max_streams, together.MIN_ROWS - 1, -1))
 
 
-def _prefill_together(model, ids: list[int], rows: int) -> None:
-    """``ids`` prefilled ``rows`` times in one forward, evaluated, and dropped."""
+def _prefill_together(model, ids: list[int], rows: int, carry) -> None:
+    """``ids`` prefilled ``rows`` times in one forward, evaluated, and dropped (``carry``: the
+    warm-up's carryover, for the checkpoint)."""
     import mlx.core as mx
 
-    from engine.core.carryover import Carryover
     from engine.decoding import together
     from engine.decoding.session import Session
 
     use_mtp = model.mtp is not None
     sessions = [Session.fresh(model, use_mtp=use_mtp) for _ in range(rows)]
-    cut = Carryover().checkpoint(model, ids)
+    cut = carry.checkpoint(model, ids)
     together.prefill(model, sessions, [list(ids)] * rows, None if cut is None else len(ids) - cut)
-    arrays = []
+    mx.eval([s.last_logits for s in sessions])
     for s in sessions:
-        arrays += [s.last_logits, s.last_hidden]
-        for c in s.trunk_cache + (s.mtp_cache or []):
-            arrays += [c.keys, c.values] if hasattr(c, "keys") else list(c.cache)
-    mx.eval([a for a in arrays if a is not None])
+        s.settle()
 
 
 def _prompt_ids(model) -> list[int]:
