@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from engine.depth.controller import AdaptiveDepth
 from engine.types import CycleStats
 
+UNTIMED_RESTARTS = True  # the decoder does not time a plain step that restarts the pipeline
 DEMO_COST = (1.0, 1.47, 1.88, 2.27, 2.66)  # the demo model's cycle / plain step (engine tune)
 
 
@@ -55,6 +56,10 @@ class Workload:
     # model's graphs: 17.5 s against 20 ms measured on the demo after loading), its first
     # cycle at each other depth this much (that depth's verify shapes: 1.6-1.7x)
     compiles: tuple[float, float] = (200.0, 1.7)
+    # depth 0 is pipelined (``engine.decoding.plain``): the step before a drafting cycle only
+    # reads what was queued (its cost x ``restart[0]``), the one after it builds two steps
+    # (x ``restart[1]``); (1, 1): not modelled
+    restart: tuple[float, float] = (1.0, 1.0)
     spread: float = 0.08  # each reply's table: the class's ± this (uniform, all positions)
     lengths: tuple[int, int] = (24, 110)  # a reply's tokens (to its end of sequence), uniform
     # recorded replies by class (``engine.bench.adaptive_traces``): (accepted drafts of each cycle
@@ -84,6 +89,15 @@ WORKLOADS = (
                                   "out-of-domain": (0.42, 0.30, 0.25, 0.20)},
              cost=(1.0, 1.7, 2.3, 2.9, 3.5)),
 )
+
+
+# An agent session on the demo (``engine.bench.agent_session``): after chats the head drafts
+# well, one conversation's short replies (32 tokens) to tool results it drafts poorly, and
+# depth 0 pipelined as the decoder runs it (the plain step before a drafting cycle only reads,
+# ~0.5 against ~4.5 ms; the one after it builds two steps, ~9 ms: measured in process).
+AGENT = Workload("agent-T0", {"in-domain": (0.99, 0.91, 0.89, 0.83),
+                              "agent": (0.3, 0.6, 0.6, 0.5)},
+                 lengths=(32, 32), restart=(0.12, 1.9))
 
 
 @dataclass(frozen=True)
@@ -157,7 +171,7 @@ class Fixed:
     def observe(self, stats: CycleStats) -> None:
         pass
 
-    def new_request(self) -> None:
+    def new_request(self, continues: bool = False) -> None:
         pass
 
 
@@ -184,21 +198,23 @@ def _stats(d: int, accepted: int, t: float) -> CycleStats:
 
 def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 128,
                 seed: int = 0, out: Outcome | None = None,
-                compiled: set | None = None) -> Outcome:
+                compiled: set | None = None, conversation: bool = False) -> Outcome:
     """Decode ``replies`` with ``ctrl``, calling ``new_request()`` between them. A cycle's
     depth is clipped to the token budget left, as ``engine.decoding`` clips it; drafts past the
     end of sequence are wasted (its credit counts only the tokens up to it). A recorded
     reply's cycle at depth d accepts ``min(a, d)`` drafts, ``a`` what the recorded cycle that
     started at the same place in the reply (or just before) accepted at the deepest depth,
     and is credited with its tokens. ``compiled``: the depths this controller has run before
-    (their graphs are compiled); updated."""
+    (their graphs are compiled); updated. ``conversation``: each reply continues the one
+    before (``new_request(continues=True)``: an agent session's turns)."""
     rng = random.Random(seed)
     compiled = set() if compiled is None else compiled
     out = out or Outcome()
     slow = 1.0
+    prev = 0
     for i, reply in enumerate(replies):
         if i:
-            ctrl.new_request()
+            ctrl.new_request(continues=conversation)
         p = reply.acceptance
         left = min(reply.length, max_tokens) - 1  # the first token came with the prefill
         budget = max_tokens - 1
@@ -208,22 +224,27 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             accepted = reply.draw(max_tokens - 1 - budget, d, rng)
             if rng.random() < 1 / 60:
                 slow = 1 + w.load * rng.random()
-            t = slow * w.cost[d] * (1 + w.noise * (2 * rng.random() - 1))
+            cost = w.cost[d] * (w.restart[1] if d == 0 and prev > 0 else 1.0)
+            if prev == 0 and d > 0 and out.seconds:  # the step before only read its token
+                out.seconds -= w.cost[0] * (1.0 - w.restart[0])
+            prev = d
+            t = slow * cost * (1 + w.noise * (2 * rng.random() - 1))
             if rng.random() < w.spikes:
                 t *= 2 + 2 * rng.random()
             if d not in compiled:
                 t *= w.compiles[1 if compiled else 0]
                 compiled.add(d)
-            ctrl.observe(_stats(d, accepted, t))
+            restarted = d == 0 and cost != w.cost[0]
+            ctrl.observe(_stats(d, accepted, 0.0 if restarted and UNTIMED_RESTARTS else t))
             gain = min(accepted + 1, left) if reply.trace else \
                 expected_tokens(p, min(d, left - 1))
             out.tokens += gain
-            out.seconds += w.cost[d]
+            out.seconds += cost
             out.depths[d] += 1
             out.reasons[reason] += 1
             tally = out.by_reason.setdefault(reason, [0.0, 0.0])
             tally[0] += gain
-            tally[1] += w.cost[d]
+            tally[1] += cost
             left -= accepted + 1
             budget -= accepted + 1
     return out
@@ -269,11 +290,13 @@ def _other(w: Workload, cls: str) -> str:
 
 def compare(w: Workload, cls: str, *, start: str = "cold", runs: int = 4, replies: int = 20,
             max_tokens: int = 128, seed: int = 0,
-            factory: Callable[..., AdaptiveDepth] = AdaptiveDepth) -> dict:
+            factory: Callable[..., AdaptiveDepth] = AdaptiveDepth,
+            conversation: bool = False) -> dict:
     """Tokens/s of auto and of every fixed depth on ``replies`` replies of class ``cls``, summed
     over ``runs`` runs (each with its own replies and seeds); ``ratio`` = auto / the best fixed
     depth; ``lost``: what auto's cycles cost against that depth, by the controller's reason,
-    in seconds of auto's ``seconds``."""
+    in seconds of auto's ``seconds``. ``conversation``: the replies of ``cls`` are one
+    conversation's turns (a ``carried`` controller's earlier replies are another's)."""
     auto = Outcome()
     fixed = {d: Outcome() for d in range(w.max_depth + 1)}
     for r in range(runs):
@@ -285,7 +308,7 @@ def compare(w: Workload, cls: str, *, start: str = "cold", runs: int = 4, replie
             run_replies(ctrl, before, w, max_tokens=max_tokens, seed=s + 2, compiled=compiled)
             ctrl.new_request()
         run_replies(ctrl, tables, w, max_tokens=max_tokens, seed=s + 3, out=auto,
-                    compiled=compiled)
+                    compiled=compiled, conversation=conversation)
         for d, o in fixed.items():
             run_replies(Fixed(d), tables, w, max_tokens=max_tokens, seed=s + 3, out=o)
     rates = {d: o.rate for d, o in fixed.items()}

@@ -22,6 +22,7 @@ from engine.hub import store
 log = logging.getLogger(__name__)
 
 AUTO_MAX_DEPTH = 4  # the deepest draft ``depth="auto"`` considers
+CONTINUE_TAIL = 32  # a prompt's last tokens a conversation's next prompt need not repeat
 SAVE_COUNTS_EVERY = 4096  # reply tokens between two saves of the draft vocabulary's counts
 
 
@@ -43,6 +44,8 @@ class Carryover:
     token_counts: draft_vocab.TokenCounts | None = None
     model_dir: str | None = None
     learns: bool = True  # its replies join ``token_counts`` (the warm-up's rank by them only)
+    # the prompt of the last lone ``auto`` request (``continues``)
+    last_prompt: tuple[int, ...] = ()
 
     @classmethod
     def for_model(cls, model) -> "Carryover":
@@ -120,6 +123,16 @@ class Carryover:
                 log.warning("could not save the prompt cache", exc_info=True)
 
     # -- depth controllers --------------------------------------------------------------
+    def continues(self, prompt) -> bool:
+        """Whether ``prompt`` continues the conversation of the last lone ``auto`` request
+        (its prompt, up to its last ``CONTINUE_TAIL`` tokens where a template renders the turn
+        being answered unlike an answered one, starts this one); remembers ``prompt``. The
+        lone stream's depth controller then keeps that reply's acceptance behind the new
+        one's (``AdaptiveDepth.new_request``): an agent's turns, a chat's questions."""
+        last, self.last_prompt = self.last_prompt, tuple(prompt)
+        n = len(last) - CONTINUE_TAIL
+        return n > 0 and len(prompt) > len(last) and tuple(prompt[:n]) == last[:n]
+
     def controller(self, model, rows: int, *, drafter: bool = False) -> AdaptiveDepth:
         """The depth controller of the auto rows while ``rows`` streams decode together.
 

@@ -131,7 +131,8 @@ class BatchDecoder:
                   prompt_tail=tuple(prompt[-RECENT:]))
         st = Stream(id=id or new_id(), prompt=prompt, row=row, depth=depth, images=images)
         if depth == "auto" and drafter is None and not self.busy:  # a new prompt, alone
-            self.carryover.controller(model, 1).new_request()
+            self.carryover.controller(model, 1).new_request(
+                continues=self.carryover.continues(prompt))
         self.admission.waiting.append(st)
         return st
 
@@ -274,6 +275,9 @@ class BatchDecoder:
                 streams, joining=joining, ahead=None if ctrl is None else self._ahead(ctrl))
             if ctrl is not None:  # it learns from this cycle as from a speculative one
                 c.controller = ctrl
+                # except the cost of a step that restarts the pipeline after a drafting cycle
+                # or only reads before one: depth 0 would look as dear as the switches cost
+                c.untimed = not c.steady and not ctrl.warming_up
                 c.reasons = [chosen[1] if st.depth == "auto" else r
                              for st, r in zip(streams, c.reasons)]
         else:

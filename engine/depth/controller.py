@@ -11,7 +11,10 @@ controller keeps
   beyond position 1 that no cycle renews fades back toward that prior over ``LONG_IDLE`` x
   ``idle_half_life`` cycles, so what a deep position did in another kind of reply does not
   linger). The *reply's own* evidence (``half_life`` observations) starts afresh with each
-  request; what a cycle did not renew fades (``idle_half_life`` cycles). A reply that suits the
+  request, except that a request continuing the last reply's conversation (an agent's next
+  turn: ``new_request(continues=True)``) keeps that reply's as at most ``CARRIED``
+  observations a position, and its exploration goes on decaying; what a cycle did not renew
+  fades (``idle_half_life`` cycles). A reply that suits the
   head better or worse than usual shifts every position alike, so the reply's evidence first
   fits one log-odds shift of the long-run rates (a Cauchy prior of scale ``SHIFT_SD``): what
   position 1 shows of an out-of-domain reply lowers positions 2..D before any is reached. Each
@@ -33,7 +36,10 @@ controller keeps
   in a row beyond it on one side (``BREAK``) move the level at once (other load started). A
   depth's first cycle in a controller's life may compile graphs (17.5 s against 20 ms on the
   demo after loading): it is held back until the second, and the two count as two timings
-  (their mean, or the faster when they differ by more than ``CLIP``). Depths timed fewer than
+  (their mean, or the faster when they differ by more than ``CLIP``). A cycle handed a time of
+  0 is counted but not timed (the decoder's plain steps that restart or only read the pipeline
+  around a drafting cycle: timed, they made depth 0 look as dear as the switches to and from
+  it cost). Depths timed fewer than
   twice come from a weighted least-squares line through the timed ones.
 
 score(d) = (1 + a1 + a1·a2 + … + a1·…·ad) / t(d) is the expected tokens per second; depth 0
@@ -79,6 +85,7 @@ SHIFT_HALF_LIFE = 3.0  # a fast mean per position watches for a shift within a r
 SHIFT_Z = 2.0  # ...and when it strays this many standard errors from the reply's, that restarts
 ZERO_MARGIN = 2.0  # switching to or from depth 0 takes this x margin
 ZERO_EXPLORE = 0.1  # at depth 0 nothing is learnt about acceptance except by probing
+CARRIED = 4.0  # a conversation's last reply: at most this many observations a position carried
 LINE_FLOOR = 0.4  # the fitted cost line at depth 0 is at least this x the cheapest timed cost
 
 
@@ -201,9 +208,13 @@ class _Acceptance:
             ev.fade(0.0)
         self.shifts += 1
 
-    def new_request(self) -> None:
-        for ev in self.reply + self.fast + self.reply_open:
+    def new_request(self, continues: bool = False) -> None:
+        """The reply's evidence restarts; ``continues`` (the same conversation's next reply):
+        the last reply's stays, as at most ``CARRIED`` observations a position."""
+        for ev in self.fast:
             ev.fade(0.0)
+        for ev in self.reply + self.reply_open:
+            ev.fade(min(1.0, CARRIED / ev.weight) if continues and ev.weight > 0 else 0.0)
         self.tokens = 0
 
     def base(self) -> list[float]:
@@ -483,17 +494,20 @@ class AdaptiveDepth:
 
     def observe_time(self, depth: int, seconds: float) -> None:
         """A finished cycle that drafted ``depth`` tokens (a batch: its deepest row) took
-        ``seconds``."""
+        ``seconds`` (0: counted, not timed)."""
         if seconds > 0 and math.isfinite(seconds):
             self._cost.observe(min(depth, self.max_depth), seconds)
         self._cycles += 1
         self._since_request += 1
 
-    def new_request(self) -> None:
+    def new_request(self, continues: bool = False) -> None:
         """A new prompt starts: its acceptance is learnt afresh (from the long-run rates),
-        exploration restarts."""
-        self._acc.new_request()
-        self._since_request = 0
+        exploration restarts. ``continues``: the prompt continues the conversation whose reply
+        this controller decoded last (an agent's next turn, a chat's next question): that
+        reply's evidence stays behind the new one's, as a few observations (``CARRIED``)."""
+        self._acc.new_request(continues)
+        if not continues:
+            self._since_request = 0
 
     # -- persistence -----------------------------------------------------------------------
     def state(self) -> dict:

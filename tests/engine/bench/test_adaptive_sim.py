@@ -113,3 +113,14 @@ def test_a_controller_sees_its_first_cycles_compile():
     again = Clock([0, 1])
     sim.run_replies(again, [sim.Reply((0.0,) * 4, 3)], w, max_tokens=20, compiled=compiled)
     assert again.seen == [(0, w.cost[0]), (1, pytest.approx(1.7 * w.cost[1]))]
+
+
+def test_an_agent_sessions_turns_run_near_depth_0():
+    # the turns of one conversation (each reply continues the last) on content the head drafts
+    # poorly, after chats it drafts well: depth 0 wins; auto keeps within 5 % of it, paying
+    # the pipeline's restart around each probe (0.98 here). With each turn starting afresh
+    # from the long-run rates and the restarts timed as depth 0's cost, as before, it was
+    # 0.85: it ran depth 1 most of the time
+    r = sim.compare(sim.AGENT, "agent", start="carried", conversation=True, max_tokens=32)
+    assert r["best"] == 0 and r["ratio"] >= 0.95, round(r["ratio"], 3)
+    assert r["depths"][0] > 0.8 * sum(r["depths"].values())

@@ -355,3 +355,46 @@ def test_a_batch_row_brings_its_own_reply_position():
     assert not ctrl._acc.in_opening
     assert min(ctrl.acceptance()) > 0.9  # the openings did not lower the body
     assert ctrl._acc.opening_base(ctrl._acc.base())[0] < 0.2
+
+
+def _reply_continuing(ctrl, cycles, *, continues: bool) -> list[float]:
+    """Start a reply (``new_request(continues=...)``) and feed its cycles; returns the
+    acceptance the controller expected before its first cycle."""
+    ctrl.new_request(continues=continues)
+    first = ctrl.acceptance()
+    for d, accepted in cycles:
+        ctrl.observe(cycle_stats(d, accepted, 0.01 + 0.002 * d))
+    return first
+
+
+def test_a_conversations_next_reply_starts_from_the_last_ones_acceptance():
+    # an agent session after chats the head drafts well: each turn's reply rejects nearly
+    # every draft. A reply of the same conversation starts from the last one's evidence; a
+    # new conversation's reply starts from the long run again
+    agent = [(1, 0)] * 20 + [(1, 1)] * 2
+    results = {}
+    for continues in (False, True):
+        ctrl = AdaptiveDepth(4, seed=0, explore=0.0, explore_min=0.0)
+        for _ in range(10):
+            _reply_continuing(ctrl, [(4, 4)] * 20, continues=False)
+        _reply_continuing(ctrl, agent, continues=False)
+        results[continues] = _reply_continuing(ctrl, [], continues=continues)[0]
+        if continues:
+            assert ctrl.choose()[0] == 0  # the second turn opens at depth 0
+            fresh = _reply_continuing(ctrl, [], continues=False)[0]
+    assert results[True] < 0.45 < results[False]
+    assert fresh == pytest.approx(results[False])  # nothing of it stays in a new conversation
+
+
+def test_what_a_conversation_carries_is_a_few_observations():
+    # however long the last reply, it weighs as ``CARRIED`` observations: the new reply's own
+    # evidence soon outweighs it
+    from engine.depth import controller
+
+    ctrl = AdaptiveDepth(4, seed=0, explore=0.0, explore_min=0.0)
+    _reply_continuing(ctrl, [(1, 0)] * 200, continues=False)
+    ctrl.new_request(continues=True)
+    assert ctrl._acc.reply[0].weight == pytest.approx(controller.CARRIED)
+    for _ in range(12):
+        ctrl.observe(cycle_stats(1, 1, 0.012))
+    assert ctrl.acceptance()[0] > 0.6

@@ -1,0 +1,26 @@
+"""``Carryover.continues``: whether a lone ``auto`` request's prompt continues the conversation
+of the one before it (its depth controller then keeps that reply's acceptance behind the new
+one's)."""
+from __future__ import annotations
+
+from engine.core.carryover import CONTINUE_TAIL, Carryover
+
+
+def test_a_prompt_that_extends_the_last_one_continues_it():
+    c = Carryover()
+    first = list(range(100))
+    assert not c.continues(first)  # nothing before it
+    assert c.continues(first + [7] * 50)  # an agent's next turn: the whole prompt, then more
+    # the last turn's generation prompt (its last tokens) may render differently once answered
+    second = first + [7] * 50
+    assert c.continues(second[:-CONTINUE_TAIL] + [9] * (CONTINUE_TAIL + 20))
+
+
+def test_another_conversation_or_a_shorter_prompt_does_not():
+    c = Carryover()
+    c.continues(list(range(100)))
+    assert not c.continues([5] + list(range(1, 200)))  # differs early: a new conversation
+    assert not c.continues(list(range(50)))  # shorter: not a continuation of 100 tokens
+    assert not c.continues(list(range(50)))  # the same prompt again is not a next turn
+    c.continues(list(range(CONTINUE_TAIL)))  # too short to tell
+    assert not c.continues(list(range(CONTINUE_TAIL + 10)))
