@@ -24,3 +24,28 @@ def test_another_conversation_or_a_shorter_prompt_does_not():
     assert not c.continues(list(range(50)))  # the same prompt again is not a next turn
     c.continues(list(range(CONTINUE_TAIL)))  # too short to tell
     assert not c.continues(list(range(CONTINUE_TAIL + 10)))
+
+
+def test_the_decoder_tells_the_controller_a_conversation_goes_on(tiny_model):
+    """``BatchDecoder.add`` of a lone ``auto`` request asks ``continues``: the next turn of a
+    conversation keeps the last reply's acceptance evidence, another conversation's does not."""
+    from engine.decoding.decoder import BatchDecoder
+
+    carry = Carryover()
+    first = list(range(5, 80))
+    for _ in tiny_model.generate(first, max_tokens=24, depth="auto", carryover=carry):
+        pass
+    ctrl = carry.controller(tiny_model, 1)
+    seen = ctrl._acc.reply[0].weight + ctrl._acc.reply_open[0].weight
+    assert seen > 0  # the reply drafted
+
+    dec = BatchDecoder(tiny_model, carryover=carry, max_streams=1)
+    dec.add(first + [9] * 20, max_tokens=8, depth="auto")  # the same conversation's next turn
+    kept = ctrl._acc.reply[0].weight + ctrl._acc.reply_open[0].weight
+    assert 0 < kept <= min(seen, 2 * 4.0)
+    dec.close()
+
+    dec = BatchDecoder(tiny_model, carryover=carry, max_streams=1)
+    dec.add(list(range(200, 320)), max_tokens=8, depth="auto")  # another conversation
+    assert ctrl._acc.reply[0].weight + ctrl._acc.reply_open[0].weight == 0
+    dec.close()
