@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from engine.depth.controller import AdaptiveDepth
 from engine.types import CycleStats
 
-UNTIMED_RESTARTS = True  # the decoder does not time a plain step that restarts the pipeline
+# Simulates a decoder that does not time the cycles between depth 0 and drafting, in either
+# direction (the decoder times them; tried and not kept: docs/benchmarks.md, 2026-12-06)
+UNTIMED_SWITCHES = False
 DEMO_COST = (1.0, 1.47, 1.88, 2.27, 2.66)  # the demo model's cycle / plain step (engine tune)
 
 
@@ -58,8 +60,10 @@ class Workload:
     compiles: tuple[float, float] = (200.0, 1.7)
     # depth 0 is pipelined (``engine.decoding.plain``): the step before a drafting cycle only
     # reads what was queued (its cost x ``restart[0]``), the one after it builds two steps
-    # (x ``restart[1]``); (1, 1): not modelled
-    restart: tuple[float, float] = (1.0, 1.0)
+    # (x ``restart[1]``), and a drafting cycle right after depth 0 costs x ``restart[2]`` (it
+    # is not overlapped, and the head first catches up on the plain steps' pairs);
+    # (1, 1, 1): not modelled
+    restart: tuple[float, float, float] = (1.0, 1.0, 1.0)
     spread: float = 0.08  # each reply's table: the class's ± this (uniform, all positions)
     lengths: tuple[int, int] = (24, 110)  # a reply's tokens (to its end of sequence), uniform
     # recorded replies by class (``engine.bench.adaptive_traces``): (accepted drafts of each cycle
@@ -94,10 +98,11 @@ WORKLOADS = (
 # An agent session on the demo (``engine.bench.agent_session``): after chats the head drafts
 # well, one conversation's short replies (32 tokens) to tool results it drafts poorly, and
 # depth 0 pipelined as the decoder runs it (the plain step before a drafting cycle only reads,
-# ~0.5 against ~4.5 ms; the one after it builds two steps, ~9 ms: measured in process).
+# ~0.5 against ~5.5 ms; the one after it builds two steps, ~11 ms; a depth-1 probe from depth 0
+# ~10-14 ms against 6-8 for a depth-1 cycle among others: measured in process).
 AGENT = Workload("agent-T0", {"in-domain": (0.99, 0.91, 0.89, 0.83),
                               "agent": (0.3, 0.6, 0.6, 0.5)},
-                 lengths=(32, 32), restart=(0.12, 1.9))
+                 lengths=(32, 32), restart=(0.1, 2.0, 1.6))
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,8 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             accepted = reply.draw(max_tokens - 1 - budget, d, rng)
             if rng.random() < 1 / 60:
                 slow = 1 + w.load * rng.random()
-            cost = w.cost[d] * (w.restart[1] if d == 0 and prev > 0 else 1.0)
+            cost = w.cost[d] * (w.restart[1] if d == 0 and prev > 0 else
+                                w.restart[2] if d > 0 and prev == 0 else 1.0)
             if prev == 0 and d > 0 and out.seconds:  # the step before only read its token
                 out.seconds -= w.cost[0] * (1.0 - w.restart[0])
             prev = d
@@ -234,8 +240,8 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             if d not in compiled:
                 t *= w.compiles[1 if compiled else 0]
                 compiled.add(d)
-            restarted = d == 0 and cost != w.cost[0]
-            ctrl.observe(_stats(d, accepted, 0.0 if restarted and UNTIMED_RESTARTS else t))
+            switched = cost != w.cost[d]  # a cycle between depth 0 and drafting
+            ctrl.observe(_stats(d, accepted, 0.0 if switched and UNTIMED_SWITCHES else t))
             gain = min(accepted + 1, left) if reply.trace else \
                 expected_tokens(p, min(d, left - 1))
             out.tokens += gain

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -187,6 +188,35 @@ def _servers(model: str, args) -> tuple[tuple, tuple, tuple]:
     return ours, plain, theirs
 
 
+def _turn_line(t: int, msgs: list[dict], args, depth, model: str, url: str,
+               their_url: str | None, plain_url: str | None) -> str:
+    """Turn ``t`` on every server, ``--repeats`` times (the order of this engine and mlx-lm
+    flipped each time, depth 0's server after them): TTFT of the first request (the others
+    resume from the prompt cache), decode tok/s the median over the repeats."""
+    order = [(url, None, depth)] + ([] if their_url is None else [(their_url, model, None)])
+    after = [] if plain_url is None else [(plain_url, None, 0)]
+    runs: dict[str, list] = {}
+    for r in range(max(1, args.repeats)):
+        for u, m, d in (order if (t + r) % 2 else order[::-1]) + after:
+            runs.setdefault(u, []).append(turn(u, msgs, args.reply_tokens, m, d))
+
+    def first_and_rate(u):
+        got = runs.get(u)
+        if not got:
+            return 0.0, 0.0, 0, 0.0
+        return got[0][0], statistics.median(x[1] for x in got), got[0][2], \
+            statistics.median(x[3] for x in got)
+    a_ttft, a_rate, n, per_cycle = first_and_rate(url)
+    b_ttft, b_rate, _, _ = first_and_rate(their_url)
+    line = (f"{t:4d} {n:7d}   {a_ttft * 1e3:11.0f} {b_ttft * 1e3:7.0f} "
+            f"{a_ttft / b_ttft if b_ttft else 0:6.2f}   {a_rate:13.1f} {b_rate:7.1f} "
+            f"{a_rate / b_rate if b_rate else 0:6.2f}  {per_cycle:7.2f}")
+    if plain_url is not None:
+        plain = first_and_rate(plain_url)[1]
+        line += f"   {plain:7.1f}  {a_rate / plain if plain else 0:8.2f}"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.agent_session",
                                 description=__doc__.split("\n")[0])
@@ -203,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=0,
                    help="run on a copy of the model allowing this many positions")
     p.add_argument("--skip-mlx-lm", action="store_true")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="requests per turn on each server: TTFT is the first's, decode tok/s "
+                        "the median (a turn's single 32-token reply varies by +-25 %% here)")
     args = p.parse_args(argv)
     import tempfile
 
@@ -220,19 +253,7 @@ def main(argv: list[str] | None = None) -> int:
           + ("   depth 0  speed-up" if args.plain else ""), flush=True)
     try:
         for t, msgs in enumerate(conversation(args.turns, args.result_words), 1):
-            order = [(url, None, depth)] + ([] if theirs is None else [(their_url, model, None)])
-            res = {}
-            for u, m, d in (order if t % 2 else order[::-1]):
-                res[u] = turn(u, msgs, args.reply_tokens, m, d)
-            a_ttft, a_rate, n, per_cycle = res[url]
-            b_ttft, b_rate, _, _ = res.get(their_url, (0.0, 0.0, 0, 0.0))
-            line = (f"{t:4d} {n:7d}   {a_ttft * 1e3:11.0f} {b_ttft * 1e3:7.0f} "
-                    f"{a_ttft / b_ttft if b_ttft else 0:6.2f}   {a_rate:13.1f} {b_rate:7.1f} "
-                    f"{a_rate / b_rate if b_rate else 0:6.2f}  {per_cycle:7.2f}")
-            if args.plain:
-                plain = turn(plain_url, msgs, args.reply_tokens, None, 0)[1]
-                line += f"   {plain:7.1f}  {a_rate / plain if plain else 0:8.2f}"
-            print(line, flush=True)
+            print(_turn_line(t, msgs, args, depth, model, url, their_url, plain_url), flush=True)
     finally:
         stop_server(ours)
         if plain_server is not None:

@@ -126,12 +126,13 @@ class Carryover:
     def continues(self, prompt) -> bool:
         """Whether ``prompt`` continues the conversation of the last lone ``auto`` request
         (its prompt, up to its last ``CONTINUE_TAIL`` tokens where a template renders the turn
-        being answered unlike an answered one, starts this one); remembers ``prompt``. The
-        lone stream's depth controller then keeps that reply's acceptance behind the new
-        one's (``AdaptiveDepth.new_request``): an agent's turns, a chat's questions."""
+        being answered unlike an answered one, starts this one, or is this one: a regenerated
+        reply); remembers ``prompt``. The lone stream's depth controller then keeps that
+        reply's acceptance behind the new one's (``AdaptiveDepth.new_request``): an agent's
+        turns, a chat's questions."""
         last, self.last_prompt = self.last_prompt, tuple(prompt)
         n = len(last) - CONTINUE_TAIL
-        return n > 0 and len(prompt) > len(last) and tuple(prompt[:n]) == last[:n]
+        return n > 0 and len(prompt) >= len(last) and tuple(prompt[:n]) == last[:n]
 
     def controller(self, model, rows: int, *, drafter: bool = False) -> AdaptiveDepth:
         """The depth controller of the auto rows while ``rows`` streams decode together.

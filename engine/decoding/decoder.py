@@ -275,9 +275,6 @@ class BatchDecoder:
                 streams, joining=joining, ahead=None if ctrl is None else self._ahead(ctrl))
             if ctrl is not None:  # it learns from this cycle as from a speculative one
                 c.controller = ctrl
-                # except the cost of a step that restarts the pipeline after a drafting cycle
-                # or only reads before one: depth 0 would look as dear as the switches cost
-                c.untimed = not c.steady and not ctrl.warming_up
                 c.reasons = [chosen[1] if st.depth == "auto" else r
                              for st, r in zip(streams, c.reasons)]
         else:

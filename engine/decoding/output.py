@@ -46,5 +46,5 @@ def events(c: Cycle, streams: list[Stream], results: list[RowResult], cuts, time
         out.append(st.reply.emit(tokens, reason, stats=stats))
         st.x0 = results[b].extra
     if c.controller is not None:  # the cycle's time, once, at the depth it was padded to
-        c.controller.observe_time(max(c.ks), 0.0 if c.untimed else times["t_total"])
+        c.controller.observe_time(max(c.ks), times["t_total"])
     return out

@@ -108,11 +108,9 @@ class PlainPipeline:
         """One token for every row: the step queued by the cycle before (else queued now),
         the next step queued on its lazy tokens (unless a stream is ``joining``, or
         ``ahead()`` says the next cycle is not a plain one), then one read. Returns the
-        cycle (``steady``: its step was queued ahead and it queued the next), each row's token
-        and the times so far."""
+        cycle, each row's token and the times so far."""
         t0 = time.perf_counter()
         cur, self.ahead = self.ahead, None
-        queued = cur is not None
         start = t0 if cur is None else self.t_last  # a queued step ran since the last read
         if cur is None:
             cur = self.queue(streams, mx.array([st.x0 for st in streams], dtype=mx.int32))
@@ -131,8 +129,4 @@ class PlainPipeline:
         c = Cycle(ks=[0] * n, reasons=["fixed"] * n, proposals=[None] * n, ver=cur.ver,
                   t0=start)
         times = dict(t_verify=t_queued - t0, t_sync=time.perf_counter() - t_queued)
-        # a step queued by the cycle before and the next one queued by this: what a plain
-        # step costs in the pipeline (the first after a drafting cycle builds two steps, the
-        # last before one only reads its token)
-        c.steady = queued and self.ahead is not None
         return c, [RowResult(0, t, []) for t in tokens], times

@@ -59,8 +59,6 @@ class Cycle:
     t_draft: float = 0.0
     t_verify: float = 0.0
     groups: list[Group] = field(default_factory=list)
-    steady: bool = True  # a plain cycle inside the pipeline (``PlainPipeline.cycle``)
-    untimed: bool = False  # its time does not teach the auto rows' controller a cost
 
     @property
     def grouped(self) -> set[int]:

@@ -36,10 +36,7 @@ controller keeps
   in a row beyond it on one side (``BREAK``) move the level at once (other load started). A
   depth's first cycle in a controller's life may compile graphs (17.5 s against 20 ms on the
   demo after loading): it is held back until the second, and the two count as two timings
-  (their mean, or the faster when they differ by more than ``CLIP``). A cycle handed a time of
-  0 is counted but not timed (the decoder's plain steps that restart or only read the pipeline
-  around a drafting cycle: timed, they made depth 0 look as dear as the switches to and from
-  it cost). Depths timed fewer than
+  (their mean, or the faster when they differ by more than ``CLIP``). Depths timed fewer than
   twice come from a weighted least-squares line through the timed ones.
 
 score(d) = (1 + a1 + a1·a2 + … + a1·…·ad) / t(d) is the expected tokens per second; depth 0

@@ -21,7 +21,7 @@ def test_another_conversation_or_a_shorter_prompt_does_not():
     c.continues(list(range(100)))
     assert not c.continues([5] + list(range(1, 200)))  # differs early: a new conversation
     assert not c.continues(list(range(50)))  # shorter: not a continuation of 100 tokens
-    assert not c.continues(list(range(50)))  # the same prompt again is not a next turn
+    assert c.continues(list(range(50)))  # the same prompt again: a regenerated reply
     c.continues(list(range(CONTINUE_TAIL)))  # too short to tell
     assert not c.continues(list(range(CONTINUE_TAIL + 10)))
 

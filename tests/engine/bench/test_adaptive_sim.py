@@ -5,6 +5,7 @@ on mixed work, started cold or from a saved tuning, with T=0-like and T=0.7-like
 Each figure is 4 runs x 20 replies of up to 128 tokens, deterministic (seeded)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -115,12 +116,25 @@ def test_a_controller_sees_its_first_cycles_compile():
     assert again.seen == [(0, w.cost[0]), (1, pytest.approx(1.7 * w.cost[1]))]
 
 
-def test_an_agent_sessions_turns_run_near_depth_0():
-    # the turns of one conversation (each reply continues the last) on content the head drafts
-    # poorly, after chats it drafts well: depth 0 wins; auto keeps within 5 % of it, paying
-    # the pipeline's restart around each probe (0.98 here). With each turn starting afresh
-    # from the long-run rates and the restarts timed as depth 0's cost, as before, it was
-    # 0.85: it ran depth 1 most of the time
-    r = sim.compare(sim.AGENT, "agent", start="carried", conversation=True, max_tokens=32)
-    assert r["best"] == 0 and r["ratio"] >= 0.95, round(r["ratio"], 3)
-    assert r["depths"][0] > 0.8 * sum(r["depths"].values())
+def test_an_agent_sessions_turns_start_from_the_turn_before():
+    # the turns of one conversation on content the head drafts poorly, after chats it drafts
+    # well, with the pipeline's switch costs: depth 0 wins. Each turn starting from the last
+    # one's acceptance (``new_request(continues=True)``) beats starting from the long run
+    # (0.843 against 0.824 here). What is left is mostly the probes' switch costs: a probe
+    # from depth 0 costs ~1.6x a drafting cycle among others and the plain step after it twice
+    # a step (docs/benchmarks.md, 2026-12-06)
+    go_on = sim.compare(sim.AGENT, "agent", start="carried", conversation=True, max_tokens=32)
+    fresh = sim.compare(sim.AGENT, "agent", start="carried", conversation=False, max_tokens=32)
+    assert go_on["best"] == 0 and go_on["ratio"] > fresh["ratio"] + 0.01, \
+        (round(go_on["ratio"], 3), round(fresh["ratio"], 3))
+    assert go_on["ratio"] >= 0.8
+
+
+@pytest.mark.parametrize("name", ["rough-T0", "rough-T0.7", "dear-verify-T0.7"])
+def test_switch_costs_do_not_keep_auto_at_depth_0(name):
+    # with the switch costs, a controller carried over from out-of-domain replies still finds
+    # the best drafting depth in-domain (timing only the plain steps around a switch, not the
+    # drafting cycle, left auto at depth 0 here: 0.74 of the best on rough-T0)
+    w = dataclasses.replace(WORKLOADS[name], restart=sim.AGENT.restart)
+    r = sim.compare(w, "in-domain", start="carried", conversation=True)
+    assert r["best"] > 0 and r["ratio"] >= 0.95, (r["best"], round(r["ratio"], 3))

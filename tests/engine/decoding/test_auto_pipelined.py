@@ -102,20 +102,10 @@ def test_auto_at_depth_zero_is_pipelined_and_each_choice_runs_once(tiny_model, m
     assert [d for d, _ in ran] == [min(c, left - 1) for c, (_, left) in zip(ctrl.chosen, ran)]
     assert sum(d > 0 for d, _ in ran) >= 3
     ran = [d for d, _ in ran]
-    assert ctrl.timed == ran  # each cycle counted once, at its depth
+    assert ctrl.timed == ran  # each cycle timed once, at its depth
+    assert all(s > 0 for s in ctrl.seconds)
     assert n["ran_queued"] > 10  # depth-0 stretches were pipelined
     assert n["rewound"] == 0  # a drafting cycle never threw a queued step away
-    # a plain step is timed only inside the pipeline: not the one that restarts it after a
-    # drafting cycle (it builds two steps), nor the one before a drafting cycle (it only
-    # reads), unless the controller still warms up (it then times every cycle)
-    for i, (d, secs) in enumerate(zip(ran, ctrl.seconds)):
-        unsteady = d == 0 and ((i > 0 and ran[i - 1] > 0) or i == 0 or
-                               (i + 1 < len(ran) and ran[i + 1] > 0))
-        if i < warmup or d > 0:
-            assert secs > 0, (i, ran)
-        elif unsteady:
-            assert secs == 0, (i, ran)
-    assert sum(s > 0 for d, s in zip(ran, ctrl.seconds) if d == 0) >= 5
 
 
 def test_auto_rows_batched_with_fixed_rows_equal_plain_decoding(tiny_model, monkeypatch):
