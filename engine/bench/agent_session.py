@@ -18,7 +18,9 @@ a first request too, with the turn's new part to prefill: in process, on turns 3
 second of two requests for the same prompt decoded ~3 % faster than the first whichever depth
 went first, so a rerun from the compared turn's prompt cache made ``auto`` look slower than
 depth 0 than it is), ``--context``
-runs on a copy of the model whose config allows that many positions (the demo's says 8192).
+runs on a copy of the model whose config allows that many positions (the demo's says 8192),
+``--repeats N`` sends each turn N times to every server (TTFT from the first, decode tok/s the
+median: one 32-token reply varies by up to ±25 % on a shared 2-core machine).
 Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700 --context 40000
 --depth 3 --plain`` (~32k tokens at the last turn on the demo).
 """
