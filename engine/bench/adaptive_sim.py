@@ -38,9 +38,6 @@ from dataclasses import dataclass, field
 from engine.depth.controller import AdaptiveDepth
 from engine.types import CycleStats
 
-# Simulates a decoder that does not time the cycles between depth 0 and drafting, in either
-# direction (the decoder times them; tried and not kept: docs/benchmarks.md, 2026-12-06)
-UNTIMED_SWITCHES = False
 DEMO_COST = (1.0, 1.47, 1.88, 2.27, 2.66)  # the demo model's cycle / plain step (engine tune)
 
 
@@ -216,7 +213,7 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
     compiled = set() if compiled is None else compiled
     out = out or Outcome()
     slow = 1.0
-    prev = 0
+    prev, prev_tally = 0, None  # the cycle before: its depth and its reason's tally
     for i, reply in enumerate(replies):
         if i:
             ctrl.new_request(continues=conversation)
@@ -231,8 +228,10 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
                 slow = 1 + w.load * rng.random()
             cost = w.cost[d] * (w.restart[1] if d == 0 and prev > 0 else
                                 w.restart[2] if d > 0 and prev == 0 else 1.0)
-            if prev == 0 and d > 0 and out.seconds:  # the step before only read its token
-                out.seconds -= w.cost[0] * (1.0 - w.restart[0])
+            if prev == 0 and d > 0 and prev_tally is not None:  # the step before only read
+                read_only = w.cost[0] * (1.0 - w.restart[0])   # its token
+                out.seconds -= read_only
+                prev_tally[1] -= read_only
             prev = d
             t = slow * cost * (1 + w.noise * (2 * rng.random() - 1))
             if rng.random() < w.spikes:
@@ -240,15 +239,14 @@ def run_replies(ctrl, replies: list[Reply], w: Workload, *, max_tokens: int = 12
             if d not in compiled:
                 t *= w.compiles[1 if compiled else 0]
                 compiled.add(d)
-            switched = cost != w.cost[d]  # a cycle between depth 0 and drafting
-            ctrl.observe(_stats(d, accepted, 0.0 if switched and UNTIMED_SWITCHES else t))
+            ctrl.observe(_stats(d, accepted, t))
             gain = min(accepted + 1, left) if reply.trace else \
                 expected_tokens(p, min(d, left - 1))
             out.tokens += gain
             out.seconds += cost
             out.depths[d] += 1
             out.reasons[reason] += 1
-            tally = out.by_reason.setdefault(reason, [0.0, 0.0])
+            tally = prev_tally = out.by_reason.setdefault(reason, [0.0, 0.0])
             tally[0] += gain
             tally[1] += cost
             left -= accepted + 1

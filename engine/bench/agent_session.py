@@ -198,7 +198,7 @@ def _turn_line(t: int, msgs: list[dict], args, depth, model: str, url: str,
     order = [(url, None, depth)] + ([] if their_url is None else [(their_url, model, None)])
     after = [] if plain_url is None else [(plain_url, None, 0)]
     runs: dict[str, list] = {}
-    for r in range(max(1, args.repeats)):
+    for r in range(args.repeats):
         for u, m, d in (order if (t + r) % 2 else order[::-1]) + after:
             runs.setdefault(u, []).append(turn(u, msgs, args.reply_tokens, m, d))
 
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests per turn on each server: TTFT is the first's, decode tok/s "
                         "the median (a turn's single 32-token reply varies by +-25 %% here)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, not {args.repeats}")
     import tempfile
 
     import engine

@@ -120,7 +120,7 @@ def test_an_agent_sessions_turns_start_from_the_turn_before():
     # the turns of one conversation on content the head drafts poorly, after chats it drafts
     # well, with the pipeline's switch costs: depth 0 wins. Each turn starting from the last
     # one's acceptance (``new_request(continues=True)``) beats starting from the long run
-    # (0.843 against 0.824 here). What is left is mostly the probes' switch costs: a probe
+    # (0.84 against 0.82 here). What is left is mostly the probes' switch costs: a probe
     # from depth 0 costs ~1.6x a drafting cycle among others and the plain step after it twice
     # a step (docs/benchmarks.md, 2026-12-06)
     go_on = sim.compare(sim.AGENT, "agent", start="carried", conversation=True, max_tokens=32)
