@@ -46,8 +46,8 @@ class TrainConfig:
     vocab_size: int = 4096
     seq_len: int = 256
     batch_size: int = 8
-    joint_steps: int = 2060
-    mtp_steps: int = 340
+    joint_steps: int = 2289
+    mtp_steps: int = 378
     lr: float = 3e-3
     mtp_lr: float = 1e-3
     warmup: int = 30
@@ -60,7 +60,7 @@ class TrainConfig:
     tool_share: float = 0.3  # of the joint phase's windows, from the tool chats (0: none)
     # of the MTP phase's windows, from its own generator (None: the joint phase's windows go on)
     mtp_tool_share: float | None = None
-    refine_steps: int = 300  # phase 3: more distillation of the kept head (0: none)
+    refine_steps: int = 333  # phase 3: more distillation of the kept head (0: none)
     refine_tool_share: float = 0.3  # of phase 3's windows, from the tool chats
     tool_heldout: int = tool_chats.TOOL_HELDOUT
     tool_synthetic: int = 3000  # made-up names in the tool chats (tool_chats.synthetic_items)
