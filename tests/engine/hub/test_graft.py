@@ -43,12 +43,23 @@ def conversions(sources, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine_convert_acceptance(tmp_path_factory):
-    """The demo converted by this engine's own ``convert`` at 4 bits, head kept (8-bit)."""
+    """``acceptance(bits)``: the demo converted by this engine's own ``convert`` at ``bits``,
+    head kept (8-bit). A graft onto a b-bit conversion is compared with the b-bit one: the
+    trunk's quantization decides the greedy text the head is measured on (~100 drafts), and
+    an 8-bit graft measured 0.748 against 0.790 for the 4-bit conversion with the demo of
+    2026-12-06."""
     from engine.models.convert import convert
 
-    out = convert(engine.default_model_path(), tmp_path_factory.mktemp("own") / "demo-4bit",
-                  bits=4)
-    return measure_acceptance(out)[0]
+    got: dict[int, float] = {}
+
+    def acceptance(bits: int) -> float:
+        if bits not in got:
+            out = convert(engine.default_model_path(),
+                          tmp_path_factory.mktemp("own") / f"demo-{bits}bit", bits=bits)
+            got[bits] = measure_acceptance(out)[0]
+        return got[bits]
+
+    return acceptance
 
 
 @pytest.fixture
@@ -135,8 +146,8 @@ def test_graft_fetches_only_the_head_and_speculates_exactly(env, repo, bits, kin
     for depth in (1, 2, 3):
         assert greedy(m, depth) == base, depth
     if repo == DEMO_REPO:
-        assert res.acceptance >= 0.95 * engine_convert_acceptance, (res.acceptance,
-                                                                   engine_convert_acceptance)
+        own = engine_convert_acceptance(bits)
+        assert res.acceptance >= 0.95 * own, (res.acceptance, own)
 
 
 def test_graft_beside_a_model_the_store_owns(env):
