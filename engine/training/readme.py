@@ -191,7 +191,7 @@ Chat under the project's licence.
 
 {_training_commands(summary, out)}
 Deterministic given the seed and the thread count (single process, torch {summary['torch_version']},
-CPU). {summary['train_seconds'] / 60:.1f} minutes in all, on 2 shared CPU cores.
+CPU, {cfg['threads']} thread{'s' if cfg['threads'] != 1 else ''}). {summary['train_seconds'] / 60:.1f} minutes in all.
 
 1. Joint phase, {cfg['joint_steps']} steps of {cfg['batch_size']} x {cfg['seq_len']} tokens,
    AdamW lr {cfg['lr']} (cosine): loss = CE(trunk) + {cfg['mtp_weight']} x CE(MTP step 1 vs x_(t+2)),
