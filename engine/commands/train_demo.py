@@ -16,17 +16,22 @@ def fraction(text: str) -> float:
     return value
 
 
-def steps_count(text: str) -> int:
-    """An argparse type: a phase's step count, 0 to 100000."""
-    value = int(text)
-    if not 0 <= value <= 100_000:
-        raise ValueError(text)
-    return value
+def count(low: int, high: int):
+    """An argparse type: a whole number from ``low`` to ``high`` (argparse's one-line error
+    names the range otherwise)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = f"{low}..{high}"  # argparse: "invalid 1..256 value: '0'"
+    return parse
 
 
 def add_arguments(p) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder (raw HF layout)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=count(1, 1_000_000), default=None, metavar="1..1000000",
                    help="total optimizer steps (joint, MTP and refine phases, ratios kept); "
                         "default: the shipped configuration")
     p.add_argument("--seed", type=int, default=0, help="seed (the run is deterministic)")
@@ -35,7 +40,7 @@ def add_arguments(p) -> None:
                    help="share of tool-chat windows in the MTP phase, drawn from a stream of "
                         "its own (0: the question/answer chats only); default: the joint "
                         "phase's stream goes on, as the shipped demo was trained")
-    p.add_argument("--refine-steps", type=steps_count, default=None, metavar="0..100000",
+    p.add_argument("--refine-steps", type=count(0, 100_000), default=None, metavar="0..100000",
                    help="phase 3's steps: more distillation of the kept head with a fresh "
                         "schedule (default: the shipped configuration's)")
     p.add_argument("--refine-tool-share", type=fraction, default=None, metavar="0..1",
@@ -43,7 +48,7 @@ def add_arguments(p) -> None:
     p.add_argument("--refine", type=Path, default=None, metavar="DIR",
                    help="run phase 3 alone on the train-demo folder DIR (trained without it) "
                         "and write the result to --out; DIR is left as it was")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=count(1, 256), default=1, metavar="1..256",
                    help="torch CPU threads (default 1: on a shared 2-core CPU one thread was "
                         "measured faster than two; results depend on the thread count)")
 

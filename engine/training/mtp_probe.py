@@ -22,7 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from engine.commands.train_demo import fraction
+from engine.commands.train_demo import count, fraction
 from engine.training import acceptance, refine, tool_chats, trainer
 from engine.training.export import export_model
 
@@ -62,23 +62,16 @@ class Probe:
         trainer.mtp_phase(self.run.model, cfg, batches, prog)
 
 
-def step_count(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 100_000:
-        raise ValueError(text)
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.training.mtp_probe",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, default=DEMO, help="a train-demo folder")
-    p.add_argument("--steps", type=step_count, default=150, metavar="1..100000",
+    p.add_argument("--steps", type=count(1, 100_000), default=150, metavar="1..100000",
                    help="MTP-phase steps to add")
     p.add_argument("--mtp-tool-share", type=fraction, default=0.0, metavar="0..1",
                    help="share of tool-chat windows in those steps (0: question/answer only)")
     p.add_argument("--seed", type=int, default=99, help="the windows' generator seed")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=count(1, 256), default=1, metavar="1..256")
     p.add_argument("--save", type=Path, help="copy the folder here with the probed head")
     args = p.parse_args(argv)
     if not (args.model / "training.json").is_file():

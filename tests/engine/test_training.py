@@ -414,3 +414,23 @@ def test_refine_alone_on_a_folder_equals_the_full_run(tmp_path):
         assert got.returncode == 2 and why in got.stderr, (args, got.stderr)
         assert len(got.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("args,why", [(("--steps", "0"), "--steps: invalid 1..1000000 value"),
+                                      (("--steps", "-1"), "--steps: invalid 1..1000000 value"),
+                                      (("--threads", "0"), "--threads: invalid 1..256 value"),
+                                      (("--refine-steps", "-3"),
+                                       "--refine-steps: invalid 0..100000 value")])
+def test_train_demo_refuses_counts_out_of_range_in_one_line(tmp_path, args, why):
+    """``--steps 0`` or ``-1`` trained a one-step model without a word; ``--threads 0`` ended
+    in torch's traceback. Each is argparse's one-line error now, before anything is written."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    got = subprocess.run([sys.executable, "-m", "engine", "train-demo", *args, "--tiny", "--out",
+                          str(tmp_path / "x")], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 2 and why in got.stderr, got.stderr
+    assert got.stderr.strip().splitlines()[-1].startswith("mtpchat-engine train-demo: error:")
+    assert not (tmp_path / "x").exists()
