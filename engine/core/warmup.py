@@ -11,7 +11,8 @@ the real decoder (so exactly the graphs a request will run are made), on a priva
 Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
   grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
-  for two cycles (the first compiles, the second is timed).
+  for ``1 + TIMED`` cycles (the first compiles, the fastest of the others is its cost). Row i
+  asks ``QUESTIONS[i % 4]``: the acceptance is pooled over four chat questions, not one.
 - The timed cycles of the greedy units, and the acceptance by draft position their rows
   saw, are handed to the model's shared carryover (``Carryover.hint``) after each greedy
   unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
@@ -54,9 +55,19 @@ ENV = "MTP_WARMUP"
 # the depths ``depth="auto"`` visits first, then the rest of its range (auto tries 0..4)
 DEFAULT_DEPTHS = (3, 2, 1, 0, 4)
 PROMPT = "def main():\n    items = [1, 2, 3]\n    for"  # for a model without a chat template
-# A chat model's warm-up decodes a chat turn, so the acceptance it sees is a chat reply's
-# (the demo accepted 5 % of its drafts on ``PROMPT``, which is not what it is asked).
-QUESTION = "What does Python's built-in sorted function do? Give a short example."
+# A chat model's warm-up decodes chat turns, so the acceptance it sees is a chat reply's
+# (the demo accepted 5 % of its drafts on ``PROMPT``, which is not what it is asked). Several
+# questions, one a row: one question's reply is one sample of a head's acceptance (the demo
+# accepted 0.67 at position 1 on the first and 0.55-0.88 on three others, measured).
+QUESTIONS = ("What does Python's built-in sorted function do? Give a short example.",
+             "Explain what a hash table is in two sentences.",
+             "Write a Python function that reverses a string.",
+             "What is the difference between a list and a tuple?")
+QUESTION = QUESTIONS[0]  # the prompt the prefill-together shapes are compiled with
+# Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. With one,
+# the figures of three fresh processes on an idle machine put the same cell 30-60 % apart
+# (a lone row's depth 3 at 11.1 / 11.5 / 12.7 ms) and their first choices differed with them.
+TIMED = 2
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -87,11 +98,13 @@ class WarmUp:
         # its own prompt cache and controllers, but the model's draft-vocabulary ranking: the
         # set it compiles for is the one replies use (not rebuilt by the first reply)
         self._carry = Carryover(token_counts=carryover_of(model).token_counts, learns=False)
-        self._ids = _prompt_ids(model)
+        self._prompts = _prompts(model)
+        self._ids = self._prompts[0]
         self._cancel = threading.Event()
         self._unit = 0
         self._dec = None
         self._covered: set[int] = set()
+        self._added = 0  # rows added in the current unit (which question the next one asks)
         self._cycles: dict[int, int] = {}
         self.costs: dict[int, dict[int, float]] = {}  # rows -> depth -> seconds (greedy units)
         # per draft position: [times reached, times accepted] over the greedy units' rows
@@ -134,11 +147,14 @@ class WarmUp:
         if dec is None:
             dec = self._dec = self.model.decoder(max_streams=self.max_streams,
                                                  carryover=self._carry)
-            self._covered, self._steps, self._cycles = set(), 0, {}
+            self._covered, self._steps, self._cycles, self._added = set(), 0, {}, 0
         rows = len(dec.active)
-        if dec.room > 0 and not dec.waiting and (rows == 0 or self._cycles.get(rows, 0) >= 2):
-            dec.add(self._ids, max_tokens=8 * (self.max_streams + 2) * (depth + 1),
-                    depth=depth, sampling=params, seed=self._steps)  # one row more
+        if dec.room > 0 and not dec.waiting and \
+                (rows == 0 or self._cycles.get(rows, 0) > TIMED):  # one row more
+            dec.add(self._prompts[self._added % len(self._prompts)],
+                    max_tokens=8 * (self.max_streams + 2) * (depth + 1), depth=depth,
+                    sampling=params, seed=self._steps)
+            self._added += 1
         dec.admit_step()
         rows = len(dec.active)
         t0 = time.perf_counter()
@@ -150,14 +166,15 @@ class WarmUp:
         before = len(self._covered)
         if rows:
             self._cycles[rows] = n = self._cycles.get(rows, 0) + 1
-            if n >= 2:
+            if n >= 2 and params.temperature == 0:
+                self._timed(rows, depth, seconds)
+            if n > TIMED:
                 self._covered.add(rows)
-                if params.temperature == 0:
-                    self.costs.setdefault(rows, {})[depth] = seconds
         covered = len(self._covered) > before
         if covered:
             self.done += 1
-        if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
+        if len(self._covered) >= self.max_streams \
+                or self._steps > 4 * (1 + TIMED) * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
             if params.temperature == 0 and not self._cancel.is_set():
@@ -169,6 +186,11 @@ class WarmUp:
         if covered:
             self._report()
         return True
+
+    def _timed(self, rows: int, depth: int, seconds: float) -> None:
+        """A timed greedy cycle: the cell's cost is the fastest of them (see ``TIMED``)."""
+        by_depth = self.costs.setdefault(rows, {})
+        by_depth[depth] = min(seconds, by_depth.get(depth, seconds))
 
     def _count(self, events) -> None:
         """Tally which draft positions the rows reached and accepted in a cycle."""
@@ -282,13 +304,13 @@ def _prefill_together(model, ids: list[int], rows: int, carry) -> None:
         s.settle()
 
 
-def _prompt_ids(model) -> list[int]:
-    """``QUESTION`` through the model's chat template (thinking off), else ``PROMPT``."""
+def _prompts(model) -> list[list[int]]:
+    """``QUESTIONS`` through the model's chat template (thinking off), else ``PROMPT``."""
     try:
-        return list(model.chat_ids([{"role": "user", "content": QUESTION}],
-                                   enable_thinking=False))
+        return [list(model.chat_ids([{"role": "user", "content": q}], enable_thinking=False))
+                for q in QUESTIONS]
     except Exception:  # noqa: BLE001 - no template, or a broken one: raw text
-        return list(model.tokenizer.encode(PROMPT))
+        return [list(model.tokenizer.encode(PROMPT))]
 
 
 def for_model(model, *, max_streams: int,
