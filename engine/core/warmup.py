@@ -11,8 +11,9 @@ the real decoder (so exactly the graphs a request will run are made), on a priva
 Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
   grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
-  for ``1 + TIMED`` cycles (the first compiles, the fastest of the others is its cost). Row i
-  asks ``QUESTIONS[i % 4]``: the acceptance is pooled over four chat questions, not one.
+  for ``1 + TIMED`` cycles in a greedy unit (the first compiles, the fastest of the others is
+  its cost) and two in a sampled one (nothing is timed there). Row i asks ``QUESTIONS[i % 4]``:
+  the acceptance is pooled over four chat questions, not one.
 - The timed cycles of the greedy units, and the acceptance by draft position their rows
   saw, are handed to the model's shared carryover (``Carryover.hint``) after each greedy
   unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
@@ -149,8 +150,9 @@ class WarmUp:
                                                  carryover=self._carry)
             self._covered, self._steps, self._cycles, self._added = set(), 0, {}, 0
         rows = len(dec.active)
+        cycles = 1 + (TIMED if params.temperature == 0 else 1)  # per row count
         if dec.room > 0 and not dec.waiting and \
-                (rows == 0 or self._cycles.get(rows, 0) > TIMED):  # one row more
+                (rows == 0 or self._cycles.get(rows, 0) >= cycles):  # one row more
             dec.add(self._prompts[self._added % len(self._prompts)],
                     max_tokens=8 * (self.max_streams + 2) * (depth + 1), depth=depth,
                     sampling=params, seed=self._steps)
@@ -168,13 +170,13 @@ class WarmUp:
             self._cycles[rows] = n = self._cycles.get(rows, 0) + 1
             if n >= 2 and params.temperature == 0:
                 self._timed(rows, depth, seconds)
-            if n > TIMED:
+            if n >= cycles:
                 self._covered.add(rows)
         covered = len(self._covered) > before
         if covered:
             self.done += 1
         if len(self._covered) >= self.max_streams \
-                or self._steps > 4 * (1 + TIMED) * self.max_streams + 8:
+                or self._steps > 4 * cycles * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
             if params.temperature == 0 and not self._cancel.is_set():
