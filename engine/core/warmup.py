@@ -64,7 +64,6 @@ QUESTIONS = ("What does Python's built-in sorted function do? Give a short examp
              "Explain what a hash table is in two sentences.",
              "Write a Python function that reverses a string.",
              "What is the difference between a list and a tuple?")
-QUESTION = QUESTIONS[0]  # the prompt the prefill-together shapes are compiled with
 # Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. With one,
 # the figures of three fresh processes on an idle machine put the same cell 30-60 % apart
 # (a lone row's depth 3 at 11.1 / 11.5 / 12.7 ms) and their first choices differed with them.
@@ -100,7 +99,7 @@ class WarmUp:
         # set it compiles for is the one replies use (not rebuilt by the first reply)
         self._carry = Carryover(token_counts=carryover_of(model).token_counts, learns=False)
         self._prompts = _prompts(model)
-        self._ids = self._prompts[0]
+        self._ids = self._prompts[0]  # what the prefill-together shapes are compiled with
         self._cancel = threading.Event()
         self._unit = 0
         self._dec = None
