@@ -65,8 +65,9 @@ QUESTIONS = ("What does Python's built-in sorted function do? Give a short examp
              "Write a Python function that reverses a string.",
              "What is the difference between a list and a tuple?")
 # Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. With one,
-# the figures of three fresh processes on an idle machine put the same cell 30-60 % apart
-# (a lone row's depth 3 at 11.1 / 11.5 / 12.7 ms) and their first choices differed with them.
+# three fresh processes on an idle machine put the same cell up to 30 % apart (a lone row's
+# depth 2 at 9.5 / 10.9 / 12.6 ms, depth 0 at 5.3 / 4.6 / 4.1) and their controllers' first
+# choices differed with them (depth 3 / 4 / 0 for a lone row).
 TIMED = 2
 GREEDY = SamplingParams(temperature=0.0)
 
