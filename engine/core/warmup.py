@@ -12,8 +12,8 @@ Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
   grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
   for ``1 + TIMED`` cycles in a greedy unit (the first compiles, the fastest of the others is
-  its cost) and two in a sampled one (nothing is timed there). Row i asks ``QUESTIONS[i % 4]``:
-  the acceptance is pooled over four chat questions, not one.
+  its cost; ``TIMED`` is 1) and two in a sampled one (nothing is timed there). Row i asks
+  ``QUESTIONS[i % 4]``: the acceptance is pooled over four chat questions, not one.
 - The timed cycles of the greedy units, and the acceptance by draft position their rows
   saw, are handed to the model's shared carryover (``Carryover.hint``) after each greedy
   unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
@@ -64,11 +64,14 @@ QUESTIONS = ("What does Python's built-in sorted function do? Give a short examp
              "Explain what a hash table is in two sentences.",
              "Write a Python function that reverses a string.",
              "What is the difference between a list and a tuple?")
-# Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. With one,
-# three fresh processes on an idle machine put the same cell up to 30 % apart (a lone row's
-# depth 2 at 9.5 / 10.9 / 12.6 ms, depth 0 at 5.3 / 4.6 / 4.1) and their controllers' first
-# choices differed with them (depth 3 / 4 / 0 for a lone row).
-TIMED = 2
+# Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. One cycle
+# puts the same cell up to 30 % apart in three fresh processes on an idle machine (a lone
+# row's depth 2 at 9.5 / 10.9 / 12.6 ms), and their controllers' first choices differed with
+# them (depth 3 / 4 / 0 for a lone row); two did not steady them (3 / 4 / 0 / 3 in four more
+# processes), left a fresh server's first burst where it was (cold_start, 12 rounds a side:
+# first / warm 0.91 against 0.92, first / sequential 1.71 against 1.63) and made the warm-up
+# take 1.5-1.7x as long. So one.
+TIMED = 1
 GREEDY = SamplingParams(temperature=0.0)
 
 
