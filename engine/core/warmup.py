@@ -11,9 +11,10 @@ the real decoder (so exactly the graphs a request will run are made), on a priva
 Contract:
 - ``WarmUp(model, max_streams=..., depths=...)`` plans one unit per (depth, sampling): a batch
   grown one row at a time up to ``max_streams`` rows at that fixed depth, each row count run
-  for ``1 + TIMED`` cycles in a greedy unit (the first compiles, the fastest of the others is
-  its cost; ``TIMED`` is 1) and two in a sampled one (nothing is timed there). Row i asks
-  ``QUESTIONS[i % 4]``: the acceptance is pooled over four chat questions, not one.
+  for two cycles (the first compiles; in a greedy unit the fastest of the later cycles at that
+  row count is its cost). Row i asks ``QUESTIONS[i % 4]``: the acceptance is pooled over four
+  chat questions, not one. (Two timed cycles per row count did not steady the costs and made
+  the warm-up 1.5-1.7x as long: docs/benchmarks.md, nineteenth session.)
 - The timed cycles of the greedy units, and the acceptance by draft position their rows
   saw, are handed to the model's shared carryover (``Carryover.hint``) after each greedy
   unit and when the warm-up ends: a depth controller made afterwards for a batch size starts
@@ -64,14 +65,6 @@ QUESTIONS = ("What does Python's built-in sorted function do? Give a short examp
              "Explain what a hash table is in two sentences.",
              "Write a Python function that reverses a string.",
              "What is the difference between a list and a tuple?")
-# Cycles timed per (rows, depth) after the one that compiles; the fastest is kept. One cycle
-# puts the same cell up to 30 % apart in three fresh processes on an idle machine (a lone
-# row's depth 2 at 9.5 / 10.9 / 12.6 ms), and their controllers' first choices differed with
-# them (depth 3 / 4 / 0 for a lone row); two did not steady them (3 / 4 / 0 / 3 in four more
-# processes), left a fresh server's first burst where it was (cold_start, 12 rounds a side:
-# first / warm 0.91 against 0.92, first / sequential 1.71 against 1.63) and made the warm-up
-# take 1.5-1.7x as long. So one.
-TIMED = 1
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -102,8 +95,7 @@ class WarmUp:
         # its own prompt cache and controllers, but the model's draft-vocabulary ranking: the
         # set it compiles for is the one replies use (not rebuilt by the first reply)
         self._carry = Carryover(token_counts=carryover_of(model).token_counts, learns=False)
-        self._prompts = _prompts(model)
-        self._ids = self._prompts[0]  # what the prefill-together shapes are compiled with
+        self._prompts = _prompts(model)  # the first: what prefill-together shapes compile with
         self._cancel = threading.Event()
         self._unit = 0
         self._dec = None
@@ -114,8 +106,8 @@ class WarmUp:
         # per draft position: [times reached, times accepted] over the greedy units' rows
         self.tally: list[list[int]] = [[0, 0] for _ in range(max(depths, default=0))]
         self._steps = 0
-        self._together = _together_rows(model, self._ids, self.max_streams) if self.units \
-            else []
+        self._together = (_together_rows(model, self._prompts[0], self.max_streams)
+                          if self.units else [])
         self.finished = not self.units
 
     def cancel(self) -> None:
@@ -144,7 +136,7 @@ class WarmUp:
 
     def _advance(self) -> bool:
         if self._together:
-            _prefill_together(self.model, self._ids, self._together.pop(0), self._carry)
+            _prefill_together(self.model, self._prompts[0], self._together.pop(0), self._carry)
             return True
         depth, params = self.units[self._unit]
         dec = self._dec
@@ -153,12 +145,10 @@ class WarmUp:
                                                  carryover=self._carry)
             self._covered, self._steps, self._cycles, self._added = set(), 0, {}, 0
         rows = len(dec.active)
-        cycles = 1 + (TIMED if params.temperature == 0 else 1)  # per row count
-        if dec.room > 0 and not dec.waiting and \
-                (rows == 0 or self._cycles.get(rows, 0) >= cycles):  # one row more
+        if dec.room > 0 and not dec.waiting and (rows == 0 or self._cycles.get(rows, 0) >= 2):
             dec.add(self._prompts[self._added % len(self._prompts)],
                     max_tokens=8 * (self.max_streams + 2) * (depth + 1), depth=depth,
-                    sampling=params, seed=self._steps)
+                    sampling=params, seed=self._steps)  # one row more
             self._added += 1
         dec.admit_step()
         rows = len(dec.active)
@@ -171,15 +161,14 @@ class WarmUp:
         before = len(self._covered)
         if rows:
             self._cycles[rows] = n = self._cycles.get(rows, 0) + 1
-            if n >= 2 and params.temperature == 0:
-                self._timed(rows, depth, seconds)
-            if n >= cycles:
+            if n >= 2:
                 self._covered.add(rows)
+                if params.temperature == 0:
+                    self._timed(rows, depth, seconds)
         covered = len(self._covered) > before
         if covered:
             self.done += 1
-        if len(self._covered) >= self.max_streams \
-                or self._steps > 4 * cycles * self.max_streams + 8:
+        if len(self._covered) >= self.max_streams or self._steps > 8 * self.max_streams + 8:
             self.done += self.max_streams - len(self._covered)  # a unit that gave up counts
             self._end_unit()
             if params.temperature == 0 and not self._cancel.is_set():
@@ -193,7 +182,8 @@ class WarmUp:
         return True
 
     def _timed(self, rows: int, depth: int, seconds: float) -> None:
-        """A timed greedy cycle: the cell's cost is the fastest of them (see ``TIMED``)."""
+        """A timed greedy cycle: the cell's cost is the fastest of them (a row count comes
+        back when a row's reply ends)."""
         by_depth = self.costs.setdefault(rows, {})
         by_depth[depth] = min(seconds, by_depth.get(depth, seconds))
 

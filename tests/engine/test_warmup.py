@@ -262,7 +262,7 @@ def test_hinted_costs_never_fall_with_the_batch_size():
 def test_warmup_rows_ask_different_questions_and_keep_the_fastest_cycle(tiny_model,
                                                                         monkeypatch):
     """Each row of a unit asks the next of ``QUESTIONS`` (its acceptance is pooled over them),
-    and a (rows, depth) cell's cost is the fastest of its ``TIMED`` timed cycles."""
+    and a (rows, depth) cell's cost is the fastest of its timed cycles."""
     from engine.decoding.decoder import BatchDecoder
 
     asked: list[tuple[int, ...]] = []
