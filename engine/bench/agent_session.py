@@ -107,6 +107,47 @@ def conversation(turns: int, words: int) -> list[list[dict]]:
     return out
 
 
+def doc_conversation(turns: int, words: int, model_dir: str) -> list[list[dict]]:
+    """The demo's own kind of agent session (``--content docs``): under the ``# Tools`` system
+    turn the app writes for ``python_doc``, each turn asks about one of the model folder's
+    held-out names (``heldout_tools.json``: in no training chat), with the call and the
+    tool's real result, and the model answers from it; before that question the turn carries
+    about ``words`` words of earlier complete exchanges (question, call, result, answer) over
+    other standard-library names, the way an agent's context fills with tool results. The
+    assistant turns are the trained answer form (fixed text), as in ``conversation``."""
+    from engine.server.templates import tool_call_xml
+    from engine.training import tool_chats
+
+    held = json.loads((Path(model_dir) / "heldout_tools.json").read_text(encoding="utf-8"))
+    if not held:
+        raise SystemExit(f"{model_dir} has no held-out tool items (heldout_tools.json)")
+    skip = {h["name"] for h in held}
+    pool = sorted((i for i in tool_chats.collect_tool_items() if i.name not in skip),
+                  key=lambda i: i.name)
+
+    def exchange(name: str, question: str, result: str) -> list[dict]:
+        return [{"role": "user", "content": question},
+                {"role": "assistant", "content": tool_call_xml("python_doc", {"name": name})},
+                {"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"}]
+
+    msgs = [{"role": "system", "content": tool_chats.tools_system()}]
+    out, k = [], 0
+    for t in range(turns):
+        if t:
+            msgs.append({"role": "assistant", "content": held[(t - 1) % len(held)]["answer"]})
+            added = 0
+            while added < words:
+                item = pool[k % len(pool)]
+                k += 1
+                msgs += exchange(item.name, f"What does `{item.name}` do?", item.result)
+                msgs.append({"role": "assistant", "content": item.answer})
+                added += len(item.result.split()) + len(item.answer.split()) + 4
+        h = held[t % len(held)]
+        msgs += exchange(h["name"], h["prompt"], h["result"])
+        out.append(list(msgs))
+    return out
+
+
 def turn(url: str, messages: list[dict], tokens: int, model: str | None, depth=None,
          ) -> tuple[float, float, int, float]:
     """(ttft_s, decode tok/s, prompt tokens or 0, tokens per cycle or 0) of one streamed
@@ -226,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=30)
     p.add_argument("--result-words", type=int, default=120)
     p.add_argument("--reply-tokens", type=int, default=32)
+    p.add_argument("--content", choices=("code", "docs"), default="code",
+                   help="code: source files as tool results (out of the demo's domain); "
+                        "docs: python_doc results and answers copied from them, the demo's "
+                        "own tool use, each turn a held-out name (--result-words per turn)")
     p.add_argument("--depth", default="auto",
                    help="this engine's depth for the compared turn (auto or 0..6)")
     p.add_argument("--plain", action="store_true",
@@ -256,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio  tok/cyc"
           + ("   depth 0  speed-up" if args.plain else ""), flush=True)
     try:
-        for t, msgs in enumerate(conversation(args.turns, args.result_words), 1):
+        chats = (doc_conversation(args.turns, args.result_words, model)
+                 if args.content == "docs" else conversation(args.turns, args.result_words))
+        for t, msgs in enumerate(chats, 1):
             print(_turn_line(t, msgs, args, depth, model, url, their_url, plain_url), flush=True)
     finally:
         stop_server(ours)
