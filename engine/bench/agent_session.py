@@ -21,6 +21,9 @@ depth 0 than it is), ``--context``
 runs on a copy of the model whose config allows that many positions (the demo's says 8192),
 ``--repeats N`` sends each turn N times to every server (TTFT from the first, decode tok/s the
 median: one 32-token reply varies by up to ±25 % on a shared 2-core machine).
+``--content docs`` replays the demo's own kind of session instead (``doc_conversation``:
+``python_doc`` calls and results, each turn a held-out name; the demo answers those right only
+up to ~2k tokens, docs/benchmarks.md).
 Example: ``python -m engine.bench.agent_session --turns 30 --result-words 700 --context 40000
 --depth 3 --plain`` (~32k tokens at the last turn on the demo).
 """
