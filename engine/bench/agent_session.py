@@ -121,9 +121,11 @@ def doc_conversation(turns: int, words: int, model_dir: str) -> list[list[dict]]
     from engine.server.templates import tool_call_xml
     from engine.training import tool_chats
 
-    held = json.loads((Path(model_dir) / "heldout_tools.json").read_text(encoding="utf-8"))
+    path = Path(model_dir) / "heldout_tools.json"
+    held = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
     if not held:
-        raise SystemExit(f"{model_dir} has no held-out tool items (heldout_tools.json)")
+        raise SystemExit(f"--content docs needs a train-demo folder: {model_dir} has no "
+                         "held-out tool questions (heldout_tools.json)")
     skip = {h["name"] for h in held}
     pool = sorted((i for i in tool_chats.collect_tool_items() if i.name not in skip),
                   key=lambda i: i.name)

@@ -180,8 +180,8 @@ def run(args) -> int:
         return load_model(path, dtype=args.dtype)
 
     streams = args.max_streams or _default_streams()
-    scheduler = Scheduler(loader=lambda: loaded_and_frozen(load), max_queue=args.max_queue, max_streams=streams,
-                          memory_budget=args.memory_budget).start()
+    scheduler = Scheduler(loader=lambda: loaded_and_frozen(load), max_queue=args.max_queue,
+                          max_streams=streams, memory_budget=args.memory_budget).start()
     if cluster is not None:  # a rank gone: every request ends with the reason, then exit
         cluster.on_stall = node.exit_on_stall(cluster, scheduler.abort)
         node.exit_when_broken(cluster)

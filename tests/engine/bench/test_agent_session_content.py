@@ -3,6 +3,8 @@ agent session that grows turn by turn, each turn ending at the real result for a
 demo never trained on (``engine.bench.agent_session.doc_conversation``)."""
 import json
 
+import pytest
+
 import engine
 from engine.bench.agent_session import doc_conversation
 from engine.training.tool_chats import tools_system
@@ -41,3 +43,8 @@ def test_no_filler_exchange_is_about_a_held_out_name():
     named = [q.split("`")[1] for q in asked if q.startswith("What does `")]
     assert len(named) >= 10
     assert not held & set(named)
+
+
+def test_a_model_without_held_out_tool_questions_is_refused_in_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"needs a train-demo folder: .*\(heldout_tools\.json\)"):
+        doc_conversation(2, 100, str(tmp_path))
