@@ -118,7 +118,6 @@ def doc_conversation(turns: int, words: int, model_dir: str) -> list[list[dict]]
     about ``words`` words of earlier complete exchanges (question, call, result, answer) over
     other standard-library names, the way an agent's context fills with tool results. The
     assistant turns are the trained answer form (fixed text), as in ``conversation``."""
-    from engine.server.templates import tool_call_xml
     from engine.training import tool_chats
 
     path = Path(model_dir) / "heldout_tools.json"
@@ -130,11 +129,6 @@ def doc_conversation(turns: int, words: int, model_dir: str) -> list[list[dict]]
     pool = sorted((i for i in tool_chats.collect_tool_items() if i.name not in skip),
                   key=lambda i: i.name)
 
-    def exchange(name: str, question: str, result: str) -> list[dict]:
-        return [{"role": "user", "content": question},
-                {"role": "assistant", "content": tool_call_xml("python_doc", {"name": name})},
-                {"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"}]
-
     msgs = [{"role": "system", "content": tool_chats.tools_system()}]
     out, k = [], 0
     for t in range(turns):
@@ -144,11 +138,11 @@ def doc_conversation(turns: int, words: int, model_dir: str) -> list[list[dict]]
             while added < words:
                 item = pool[k % len(pool)]
                 k += 1
-                msgs += exchange(item.name, f"What does `{item.name}` do?", item.result)
-                msgs.append({"role": "assistant", "content": item.answer})
+                msgs += tool_chats.exchange(item.name, f"What does `{item.name}` do?",
+                                            item.result, item.answer)
                 added += len(item.result.split()) + len(item.answer.split()) + 4
         h = held[t % len(held)]
-        msgs += exchange(h["name"], h["prompt"], h["result"])
+        msgs += tool_chats.exchange(h["name"], h["prompt"], h["result"], h["answer"])[:-1]
         out.append(list(msgs))
     return out
 

@@ -163,13 +163,15 @@ def _questions(item: ToolItem) -> list[str]:
     return [q for q, _ in corpus.qa_templates(doc_item)]
 
 
-def _exchange(item: ToolItem, question: str) -> list[dict]:
+def exchange(name: str, question: str, result: str, answer: str) -> list[dict]:
+    """One round under the tools turn: the question, the call ``python_doc(name)``, the
+    tool's result and the answer (what the tool chats train on and the agent bench replays)."""
     from engine.server.templates import tool_call_xml
 
     return [{"role": "user", "content": question},
-            {"role": "assistant", "content": tool_call_xml("python_doc", {"name": item.name})},
-            {"role": "user", "content": f"<tool_response>\n{item.result}\n</tool_response>"},
-            {"role": "assistant", "content": item.answer}]
+            {"role": "assistant", "content": tool_call_xml("python_doc", {"name": name})},
+            {"role": "user", "content": f"<tool_response>\n{result}\n</tool_response>"},
+            {"role": "assistant", "content": answer}]
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ def build_tool_chats(items: list[ToolItem], *, seed: int, known_share: float = 0
         msgs: list[dict] = [{"role": "system", "content": system + (
             "\n\n" + rng.choice(corpus.SYSTEM_PROMPTS) if rng.random() < 0.2 else "")}]
         for item, question in asked[k:k + n]:
-            msgs += _exchange(item, question)
+            msgs += exchange(item.name, question, item.result, item.answer)
         k += n
         if rng.random() < 0.5:
             msgs = msgs[:-2]  # ends at the last call
