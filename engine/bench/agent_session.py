@@ -294,14 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.TemporaryDirectory(prefix="agent-session-")
     if args.context:
         model = with_context(model, args.context, Path(tmp.name) / "model")
+    chats = (doc_conversation(args.turns, args.result_words, model)  # refused before servers
+             if args.content == "docs" else conversation(args.turns, args.result_words))
     (ours, url), (plain_server, plain_url), (theirs, their_url) = _servers(model, args)
     print(f"engine depth {depth}; TTFT ms and decode tok/s per turn; ratios engine / mlx-lm"
           + ("; speed-up: engine / its own depth 0" if args.plain else ""), flush=True)
     print("turn  prompt   TTFT engine  mlx-lm  ratio   decode engine  mlx-lm  ratio  tok/cyc"
           + ("   depth 0  speed-up" if args.plain else ""), flush=True)
     try:
-        chats = (doc_conversation(args.turns, args.result_words, model)
-                 if args.content == "docs" else conversation(args.turns, args.result_words))
         for t, msgs in enumerate(chats, 1):
             print(_turn_line(t, msgs, args, depth, model, url, their_url, plain_url), flush=True)
     finally:
